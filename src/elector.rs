@@ -1,0 +1,364 @@
+//! The lease loop: waiting → leading(epoch) → lost / released.
+//!
+//! The elector knows nothing of processes. It answers two questions for the
+//! caller: "do we lead now, at which epoch?" and "when must we stop?".
+//!
+//! Safety reasoning (contract §2.3–§2.6), enforced here and only here:
+//!
+//! * `sent` is read from the boot clock *before* a renewal is sent. The store
+//!   executes it later and sets expiry to `≥ sent + L` on its own clock. So
+//!   while the two clocks agree on the *rate* of time over one lease, no rival
+//!   can acquire before `sent + L`, and stopping at `sent + G` (SIGKILL at
+//!   `sent + G + K`, with `G + K < L`) leaves the child dead first.
+//! * The give-up deadline is a timer on the boot clock, raced against every
+//!   store call (`select!`, deadline branch first). A hung call, a blackholed
+//!   connection or a slow reconnect cannot delay step-down.
+//! * After any wake-up — a timer, a reply — the deadline is checked *before*
+//!   a reply is believed. A process frozen past its deadline (SIGSTOP, VM
+//!   pause, suspend) sees the deadline first and gives up without talking to
+//!   the store; a renewal reply that arrives after the deadline is ignored.
+//! * A renewal that matches nothing means someone else holds the lease (or it
+//!   expired): that is a loss at once, never retried.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::clock::{Clock, Stamp};
+use crate::store::{LeaseInfo, Store, StoreError};
+use crate::timing::Timing;
+
+/// A lease we hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub epoch: i64,
+    /// When the last successful acquire/renew was sent (boot clock).
+    pub sent: Stamp,
+    /// When the acquisition was confirmed; `--min-hold` counts from here.
+    pub acquired_at: Stamp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossReason {
+    /// No renewal succeeded before the give-up deadline.
+    GaveUp,
+    /// The process woke up (or a reply arrived) past the give-up deadline.
+    WokeLate(Duration),
+    /// A renewal matched nothing: the lease is someone else's now.
+    Superseded,
+}
+
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LossReason::GaveUp => f.write_str("no renewal succeeded before the give-up deadline"),
+            LossReason::WokeLate(by) => write!(
+                f,
+                "woke up {} past the give-up deadline (frozen or suspended)",
+                humantime::format_duration(round_ms(*by))
+            ),
+            LossReason::Superseded => {
+                f.write_str("the renewal matched nothing: another holder has the lease")
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lost {
+    pub reason: LossReason,
+    /// The give-up deadline of the lease that was lost.
+    pub deadline: Stamp,
+}
+
+/// How the waiting phase ended.
+#[derive(Debug)]
+pub enum Waited<I> {
+    Acquired(Lease),
+    /// Try-once found the lease held.
+    Held(Option<LeaseInfo>),
+    /// `--timeout` passed.
+    TimedOut,
+    /// Something arrived on the interrupt channel (a signal, for the CLI).
+    Interrupted(I),
+    Failed(StoreError),
+}
+
+pub struct Elector<S, C> {
+    pub store: S,
+    clock: C,
+    name: String,
+    holder: String,
+    timing: Timing,
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
+}
+
+impl<S: Store, C: Clock> Elector<S, C> {
+    pub fn new(store: S, clock: C, name: String, holder: String, timing: Timing) -> Self {
+        Elector {
+            store,
+            clock,
+            name,
+            holder,
+            timing,
+        }
+    }
+
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// One acquisition attempt, bounded by the give-up interval (and by
+    /// `until`, when given). A lease confirmed only after its own give-up
+    /// deadline is useless: it is handed back and reported as unavailable.
+    async fn attempt(&mut self, until: Option<Stamp>) -> Result<Option<Lease>, StoreError> {
+        let sent = self.clock.now();
+        let mut deadline = sent + self.timing.give_up;
+        if let Some(u) = until {
+            deadline = deadline.min(u);
+        }
+        let budget = deadline.saturating_sub(sent);
+        let res = tokio::select! {
+            biased;
+            _ = self.clock.sleep_until(deadline) => Err(StoreError::Unavailable(format!(
+                "no answer from the store within {}", humantime::format_duration(round_ms(budget))))),
+            r = self.store.acquire(&self.name, &self.holder, self.timing.lease, budget) => r,
+        };
+        let Some(epoch) = res? else { return Ok(None) };
+        let now = self.clock.now();
+        if now >= sent + self.timing.give_up {
+            let late = now - sent;
+            self.hand_back(epoch, Duration::ZERO, sent).await;
+            return Err(StoreError::Unavailable(format!(
+                "the store confirmed the lease only after {}, too late to use it",
+                humantime::format_duration(round_ms(late))
+            )));
+        }
+        Ok(Some(Lease {
+            epoch,
+            sent,
+            acquired_at: now,
+        }))
+    }
+
+    /// Try once, or (with `wait`) every `P` until leading, `timeout`, an
+    /// interrupt or a fatal store error. Interrupts are looked at between
+    /// attempts, never in the middle of one, so an acquisition the store has
+    /// already granted is handed back rather than left to expire.
+    pub async fn wait_for_lease<I>(
+        &mut self,
+        wait: bool,
+        timeout: Option<Duration>,
+        interrupt: &mut UnboundedReceiver<I>,
+    ) -> Waited<I> {
+        let until = timeout.map(|t| self.clock.now() + t);
+        let mut failing = false;
+        let mut seen_held = false;
+        loop {
+            let started = self.clock.now();
+            let res = self.attempt(until).await;
+            if let Ok(sig) = interrupt.try_recv() {
+                if let Ok(Some(lease)) = res {
+                    self.hand_back(lease.epoch, Duration::ZERO, lease.sent)
+                        .await;
+                }
+                return Waited::Interrupted(sig);
+            }
+            match res {
+                Ok(Some(lease)) => return Waited::Acquired(lease),
+                Ok(None) if !wait => {
+                    let info = if tracing::enabled!(tracing::Level::INFO) {
+                        self.store
+                            .inspect(&self.name, self.timing.give_up)
+                            .await
+                            .ok()
+                            .flatten()
+                    } else {
+                        None
+                    };
+                    return Waited::Held(info);
+                }
+                Ok(None) => {
+                    if failing {
+                        tracing::info!("the store answers again");
+                        failing = false;
+                    }
+                    if !seen_held && tracing::enabled!(tracing::Level::INFO) {
+                        seen_held = true;
+                        if let Ok(Some(info)) =
+                            self.store.inspect(&self.name, self.timing.give_up).await
+                        {
+                            tracing::info!("waiting: {}", describe_held(&info));
+                        }
+                    }
+                }
+                Err(e @ StoreError::Fatal(_)) => return Waited::Failed(e),
+                Err(e) if !wait => return Waited::Failed(e),
+                Err(e) => {
+                    // One warning per outage, not one per retry.
+                    if !failing {
+                        tracing::warn!(
+                            "{e}; retrying every {}",
+                            humantime::format_duration(self.timing.retry)
+                        );
+                        failing = true;
+                    } else {
+                        tracing::debug!("{e}");
+                    }
+                }
+            }
+            let mut next = started + self.timing.retry;
+            if let Some(u) = until {
+                if self.clock.now() >= u {
+                    return Waited::TimedOut;
+                }
+                next = next.min(u);
+            }
+            tokio::select! {
+                biased;
+                sig = interrupt.recv() => if let Some(sig) = sig { return Waited::Interrupted(sig) },
+                _ = self.clock.sleep_until(next) => {}
+            }
+            if until.is_some_and(|u| self.clock.now() >= u) {
+                return Waited::TimedOut;
+            }
+        }
+    }
+
+    /// Renew every `R` until the lease is lost. Never returns while the lease
+    /// is safely ours; dropping the future simply stops renewing.
+    pub async fn hold(&mut self, lease: &mut Lease) -> Lost {
+        let t = self.timing;
+        // A call that takes longer than half a renew interval is abandoned
+        // and retried on a fresh connection, so one blackholed connection
+        // cannot use up the whole give-up budget.
+        let attempt_cap = (t.renew / 2).max(Duration::from_millis(50));
+        let mut next = lease.sent + t.renew;
+        loop {
+            let deadline = lease.sent + t.give_up;
+            let lost = |reason| Lost { reason, deadline };
+            tokio::select! {
+                biased;
+                _ = self.clock.sleep_until(deadline) => return lost(self.late_or_gave_up(deadline)),
+                _ = self.clock.sleep_until(next) => {}
+            }
+            let sent = self.clock.now();
+            if sent >= deadline {
+                return lost(self.late_or_gave_up(deadline));
+            }
+            let budget = (deadline - sent).min(attempt_cap);
+            let res = tokio::select! {
+                biased;
+                _ = self.clock.sleep_until(deadline) => return lost(self.late_or_gave_up(deadline)),
+                _ = self.clock.sleep_until(sent + budget) => Err(StoreError::Unavailable(format!(
+                    "no answer within {}", humantime::format_duration(round_ms(budget))))),
+                r = self.store.renew(&self.name, &self.holder, lease.epoch, t.lease, budget) => r,
+            };
+            let now = self.clock.now();
+            if now >= deadline {
+                return lost(self.late_or_gave_up(deadline));
+            }
+            match res {
+                Ok(true) => {
+                    tracing::debug!(epoch = lease.epoch, "renewed");
+                    lease.sent = sent;
+                    next = sent + t.renew;
+                }
+                Ok(false) => return lost(LossReason::Superseded),
+                Err(e) => {
+                    let left = deadline - now;
+                    tracing::warn!(
+                        epoch = lease.epoch,
+                        "renewal failed ({e}); giving up in {} unless a retry succeeds",
+                        humantime::format_duration(round_ms(left))
+                    );
+                    // Retry `P` after the failed attempt started (at once if
+                    // it timed out), but never wait a whole renew interval.
+                    next = (sent + t.retry.min(t.renew)).max(now);
+                }
+            }
+        }
+    }
+
+    fn late_or_gave_up(&self, deadline: Stamp) -> LossReason {
+        // Timers fire within milliseconds; anything much later means this
+        // process did not run (frozen, suspended) around the deadline.
+        let late = self.clock.now().saturating_sub(deadline);
+        if late > Duration::from_millis(250) {
+            LossReason::WokeLate(late)
+        } else {
+            LossReason::GaveUp
+        }
+    }
+
+    /// Release after the child has been reaped. With `min_hold`, the lease is
+    /// kept (holder recorded) until `min_hold` after acquisition. The call is
+    /// bounded by the time the lease has left anyway: past that, it expires
+    /// on its own and talking to the store gains nothing.
+    pub async fn release(&mut self, lease: &Lease, min_hold: Option<Duration>) -> bool {
+        let elapsed = self.clock.now().saturating_sub(lease.acquired_at);
+        let keep = min_hold
+            .map(|m| m.saturating_sub(elapsed))
+            .unwrap_or_default();
+        self.hand_back(lease.epoch, keep, lease.sent).await
+    }
+
+    async fn hand_back(&mut self, epoch: i64, keep: Duration, sent: Stamp) -> bool {
+        let expires = sent + self.timing.lease;
+        let now = self.clock.now();
+        if now >= expires {
+            return false;
+        }
+        let budget = (expires - now).min(self.timing.renew);
+        let res = tokio::select! {
+            biased;
+            _ = self.clock.sleep_until(now + budget) => Err(StoreError::Unavailable("release timed out".into())),
+            r = self.store.release(&self.name, &self.holder, epoch, keep, budget) => r,
+        };
+        match res {
+            Ok(true) => {
+                if keep.is_zero() {
+                    tracing::info!(epoch, "released");
+                } else {
+                    tracing::info!(
+                        epoch,
+                        "released; kept for another {} (--min-hold)",
+                        humantime::format_duration(round_ms(keep))
+                    );
+                }
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                tracing::warn!(
+                    epoch,
+                    "could not release ({e}); the lease will expire by itself"
+                );
+                false
+            }
+        }
+    }
+}
+
+pub fn describe_held(info: &LeaseInfo) -> String {
+    match (&info.holder, info.expires_in_ms) {
+        (Some(h), ms) if ms > 0 => format!(
+            "lease {} held by {h} (epoch {}) for another {}",
+            info.name,
+            info.epoch,
+            humantime::format_duration(Duration::from_millis(ms as u64))
+        ),
+        (Some(h), _) => format!(
+            "lease {} held by {h} (epoch {}), expired",
+            info.name, info.epoch
+        ),
+        (None, _) => format!("lease {} is free (epoch {})", info.name, info.epoch),
+    }
+}
+
+#[cfg(test)]
+#[path = "elector_tests.rs"]
+mod tests;

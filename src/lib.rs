@@ -1,0 +1,17 @@
+//! leaderrun: run a command only while this process holds a lease.
+//!
+//! The library is the whole program; `main.rs` only calls [`run::main_entry`].
+//! The elector and the stores are usable on their own.
+
+pub mod cli;
+pub mod clock;
+pub mod elector;
+pub mod exit;
+pub mod logging;
+pub mod names;
+pub mod redact;
+pub mod run;
+pub mod signals;
+pub mod store;
+pub mod supervisor;
+pub mod timing;

@@ -1,0 +1,195 @@
+//! The lease store: where the lease lives and whose clock decides expiry.
+//!
+//! Every implementation must give these semantics (contract §2.2 and §2.5):
+//!
+//! * `acquire` succeeds only when the lease has no holder or has expired *by
+//!   the store's own clock*, and then raises the epoch by exactly one, in one
+//!   atomic step (two racers can never both succeed);
+//! * `renew` names holder *and* epoch, never raises the epoch, and matches
+//!   nothing once someone else has acquired or the lease has expired;
+//! * `release` names holder and epoch, so a stale holder cannot release its
+//!   successor's lease.
+//!
+//! Calls take a `timeout` as a second guard; the elector also races every
+//! call against its own give-up timer, so a hung call never delays step-down.
+
+pub mod postgres;
+
+use std::time::Duration;
+
+use crate::redact::Redacted;
+
+/// Why a store call failed. The caller must tell these apart: a waiting
+/// contender retries `Unavailable` but gives up on `Fatal`.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Network trouble, a timeout, a restarting server: may heal by itself.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Wrong password, missing permission, unusable configuration: retrying
+    /// will not help.
+    #[error("{0}")]
+    Fatal(String),
+}
+
+/// What the store says about a lease, by the store's own clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseInfo {
+    pub name: String,
+    pub holder: Option<String>,
+    pub epoch: i64,
+    /// Milliseconds until expiry; negative when already expired.
+    pub expires_in_ms: i64,
+}
+
+impl LeaseInfo {
+    pub fn is_live(&self) -> bool {
+        self.holder.is_some() && self.expires_in_ms > 0
+    }
+}
+
+pub trait Store {
+    /// Take the lease for `lease`; `Some(epoch)` when taken, `None` when held.
+    fn acquire(
+        &mut self,
+        name: &str,
+        holder: &str,
+        lease: Duration,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<Option<i64>, StoreError>>;
+
+    /// Extend the lease to `lease` from now; `false` when it is no longer ours.
+    fn renew(
+        &mut self,
+        name: &str,
+        holder: &str,
+        epoch: i64,
+        lease: Duration,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<bool, StoreError>>;
+
+    /// Give the lease up. With `keep` > 0 the holder stays recorded and the
+    /// lease ends `keep` from now (for `--min-hold`); otherwise it is free at
+    /// once. `false` when it was no longer ours.
+    fn release(
+        &mut self,
+        name: &str,
+        holder: &str,
+        epoch: i64,
+        keep: Duration,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<bool, StoreError>>;
+
+    fn inspect(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<Option<LeaseInfo>, StoreError>>;
+}
+
+/// The store a URL names, opened lazily (the first call connects).
+pub enum AnyStore {
+    Postgres(postgres::PgStore),
+}
+
+/// A store URL that was understood, before anything is connected.
+#[derive(Debug)]
+pub enum StoreUrl {
+    Postgres(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UrlError {
+    #[error("unknown store scheme in {0} (expected postgres:// or postgresql://)")]
+    UnknownScheme(Redacted),
+    #[error("no store configured: pass --store postgres://… or set LEADERRUN_STORE")]
+    Missing,
+}
+
+impl StoreUrl {
+    pub fn parse(url: &str) -> Result<StoreUrl, UrlError> {
+        let lower = url.to_ascii_lowercase();
+        if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
+            Ok(StoreUrl::Postgres(url.to_string()))
+        } else {
+            Err(UrlError::UnknownScheme(Redacted::new(url)))
+        }
+    }
+}
+
+impl AnyStore {
+    /// Check the URL's syntax without connecting; errors here are usage
+    /// errors (exit 2), not store failures.
+    pub fn open(
+        url: &StoreUrl,
+        app_name: &str,
+        statement_timeout: Duration,
+    ) -> Result<AnyStore, String> {
+        match url {
+            StoreUrl::Postgres(u) => {
+                postgres::PgStore::new(u, app_name, statement_timeout).map(AnyStore::Postgres)
+            }
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            AnyStore::Postgres(s) => s.redacted().to_string(),
+        }
+    }
+}
+
+impl Store for AnyStore {
+    async fn acquire(
+        &mut self,
+        name: &str,
+        holder: &str,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        match self {
+            AnyStore::Postgres(s) => s.acquire(name, holder, lease, timeout).await,
+        }
+    }
+
+    async fn renew(
+        &mut self,
+        name: &str,
+        holder: &str,
+        epoch: i64,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Postgres(s) => s.renew(name, holder, epoch, lease, timeout).await,
+        }
+    }
+
+    async fn release(
+        &mut self,
+        name: &str,
+        holder: &str,
+        epoch: i64,
+        keep: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Postgres(s) => s.release(name, holder, epoch, keep, timeout).await,
+        }
+    }
+
+    async fn inspect(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        match self {
+            AnyStore::Postgres(s) => s.inspect(name, timeout).await,
+        }
+    }
+}
+
+/// Milliseconds for the store, refusing what does not fit (never panics).
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

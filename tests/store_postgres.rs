@@ -1,0 +1,260 @@
+//! The Postgres store's semantics against a real, throwaway Postgres.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use leaderrun::store::postgres::PgStore;
+use leaderrun::store::{Store, StoreError};
+use support::{Pg, Proxy};
+
+const L: Duration = Duration::from_secs(5);
+const T: Duration = Duration::from_secs(5);
+
+fn store(url: &str) -> PgStore {
+    PgStore::new(url, "leaderrun-test", Duration::from_secs(5)).expect("url parses")
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The seed article's five steps, through the store API.
+#[test]
+fn seed_five_steps() {
+    let pg = Pg::start();
+    rt().block_on(async {
+        let (mut a, mut b) = (store(&pg.url()), store(&pg.url()));
+        // 1. node-a acquires the (missing) lease: the row is created, epoch 1.
+        assert_eq!(a.acquire("sweeper", "node-a", L, T).await.unwrap(), Some(1));
+        assert_eq!(pg.lease_row("sweeper"), "node-a|1|t");
+        // 2. node-b is refused while node-a holds it.
+        assert_eq!(b.acquire("sweeper", "node-b", L, T).await.unwrap(), None);
+        // 3. node-a renews: same epoch, later expiry.
+        let before = pg.sql("SELECT expires_at FROM leader_lease WHERE name='sweeper'");
+        assert!(a.renew("sweeper", "node-a", 1, L, T).await.unwrap());
+        let after = pg.sql("SELECT expires_at FROM leader_lease WHERE name='sweeper'");
+        assert!(
+            after > before,
+            "renewal must move expiry: {before} -> {after}"
+        );
+        assert_eq!(pg.lease_row("sweeper"), "node-a|1|t");
+        // 4. expiry forced by the database's clock; node-b takes over, epoch 2.
+        pg.sql("UPDATE leader_lease SET expires_at = now() - interval '1 second'");
+        assert_eq!(b.acquire("sweeper", "node-b", L, T).await.unwrap(), Some(2));
+        // 5. node-a's stale renewal matches nothing, and changes nothing.
+        assert!(!a.renew("sweeper", "node-a", 1, L, T).await.unwrap());
+        assert_eq!(pg.lease_row("sweeper"), "node-b|2|t");
+    });
+}
+
+#[test]
+fn renewal_needs_holder_epoch_and_life() {
+    let pg = Pg::start();
+    rt().block_on(async {
+        let mut a = store(&pg.url());
+        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
+        assert!(
+            !a.renew("n", "someone-else", 1, L, T).await.unwrap(),
+            "wrong holder"
+        );
+        assert!(!a.renew("n", "a", 2, L, T).await.unwrap(), "wrong epoch");
+        pg.sql("UPDATE leader_lease SET expires_at = now() - interval '1 ms'");
+        assert!(
+            !a.renew("n", "a", 1, L, T).await.unwrap(),
+            "expired, even if nobody took it"
+        );
+        assert_eq!(pg.lease_row("n"), "a|1|f");
+    });
+}
+
+#[test]
+fn release_frees_at_once_and_next_epoch_is_higher() {
+    let pg = Pg::start();
+    rt().block_on(async {
+        let (mut a, mut b) = (store(&pg.url()), store(&pg.url()));
+        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
+        // A stale release (wrong epoch) must not free the lease.
+        assert!(!b.release("n", "a", 7, Duration::ZERO, T).await.unwrap());
+        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), None);
+        assert!(a.release("n", "a", 1, Duration::ZERO, T).await.unwrap());
+        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), Some(2));
+        let info = a.inspect("n", T).await.unwrap().expect("row");
+        assert_eq!((info.holder.as_deref(), info.epoch), (Some("b"), 2));
+        assert!(
+            info.expires_in_ms > 4000 && info.expires_in_ms <= 5000,
+            "{info:?}"
+        );
+    });
+}
+
+#[test]
+fn release_with_keep_holds_until_then() {
+    let pg = Pg::start();
+    rt().block_on(async {
+        let (mut a, mut b) = (store(&pg.url()), store(&pg.url()));
+        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
+        assert!(a
+            .release("n", "a", 1, Duration::from_millis(800), T)
+            .await
+            .unwrap());
+        assert_eq!(
+            b.acquire("n", "b", L, T).await.unwrap(),
+            None,
+            "kept by --min-hold"
+        );
+        let info = b.inspect("n", T).await.unwrap().expect("row");
+        assert!(
+            info.expires_in_ms <= 800 && info.expires_in_ms > 0,
+            "{info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(info.expires_in_ms as u64 + 20)).await;
+        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), Some(2));
+    });
+}
+
+/// Many contenders racing on a missing row and on an expired one: exactly one
+/// wins each round, and epochs are unique and consecutive.
+#[test]
+fn racing_acquires_have_one_winner() {
+    let pg = Pg::start();
+    rt().block_on(async {
+        let mut stores: Vec<PgStore> = (0..8).map(|_| store(&pg.url())).collect();
+        for s in stores.iter_mut() {
+            // connect (and create the table) before the race starts
+            s.inspect("warmup", T).await.unwrap();
+        }
+        for round in 1..=5i64 {
+            let futs = stores.iter_mut().enumerate().map(|(i, s)| async move {
+                s.acquire("race", &format!("c{i}"), L, T).await.unwrap()
+            });
+            let won: Vec<i64> = futures_join(futs).await.into_iter().flatten().collect();
+            assert_eq!(
+                won,
+                vec![round],
+                "round {round}: exactly one winner at the next epoch"
+            );
+            pg.sql(
+                "UPDATE leader_lease SET expires_at = now() - interval '1 ms' WHERE name = 'race'",
+            );
+        }
+    });
+}
+
+/// Polls all futures on this thread until every one is done.
+async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let handles: Vec<_> = futs.map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = handles.iter().map(|_| None).collect();
+    let mut handles: Vec<_> = handles.into_iter().map(Some).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (h, o) in handles.iter_mut().zip(out.iter_mut()) {
+            if let Some(f) = h {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        *o = Some(v);
+                        *h = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().map(|o| o.expect("done")).collect()
+}
+
+#[test]
+fn names_are_parameters_not_sql() {
+    let pg = Pg::start();
+    rt().block_on(async {
+        let mut a = store(&pg.url());
+        let evil = "x'); DROP TABLE leader_lease; --";
+        assert_eq!(a.acquire(evil, "h'; --", L, T).await.unwrap(), Some(1));
+        assert_eq!(pg.sql("SELECT count(*) FROM leader_lease"), "1");
+        let info = a.inspect(evil, T).await.unwrap().expect("row");
+        assert_eq!(info.name, evil);
+    });
+}
+
+#[test]
+fn wrong_password_is_fatal_and_not_echoed() {
+    let pg = Pg::start();
+    rt().block_on(async {
+        let url = format!(
+            "postgres://postgres:Wr0ngSecret@127.0.0.1:{}/postgres?sslmode=disable",
+            pg.port
+        );
+        let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        assert!(msg.contains("password authentication failed"), "{msg}");
+        assert!(!msg.contains("Wr0ngSecret"), "password echoed: {msg}");
+        assert!(msg.contains("postgres:***@"), "{msg}");
+    });
+}
+
+#[test]
+fn refused_connection_is_unavailable() {
+    let port = support::free_port();
+    rt().block_on(async {
+        let url = format!("postgres://postgres:pw@127.0.0.1:{port}/postgres?sslmode=disable");
+        let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    });
+}
+
+#[test]
+fn blackholed_call_returns_within_its_timeout() {
+    let pg = Pg::start();
+    let proxy = Proxy::start(pg.port);
+    rt().block_on(async {
+        let mut a = store(&pg.url_via(proxy.port));
+        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
+        proxy.blackhole();
+        let t0 = Instant::now();
+        let err = a
+            .renew("n", "a", 1, L, Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        let took = t0.elapsed();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_millis(800),
+            "{took:?}"
+        );
+        // A fresh connection is made once the link heals.
+        proxy.heal();
+        assert!(a.renew("n", "a", 1, L, T).await.unwrap());
+    });
+}
+
+#[test]
+fn missing_table_that_cannot_be_created_is_a_clear_fatal_error() {
+    let pg = Pg::start();
+    pg.sql("CREATE ROLE app LOGIN PASSWORD 'apppw'; REVOKE CREATE ON SCHEMA public FROM PUBLIC");
+    rt().block_on(async {
+        let url = format!(
+            "postgres://app:apppw@127.0.0.1:{}/postgres?sslmode=disable",
+            pg.port
+        );
+        let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        assert!(msg.contains("table leader_lease is missing"), "{msg}");
+        assert!(msg.contains("permission denied"), "{msg}");
+        assert!(!msg.contains("apppw"), "{msg}");
+        // Once a DBA creates it and grants access, the same role works.
+        pg.sql(leaderrun::store::postgres::TABLE_SQL);
+        pg.sql("GRANT SELECT, INSERT, UPDATE ON leader_lease TO app");
+        assert_eq!(store(&url).acquire("n", "a", L, T).await.unwrap(), Some(1));
+    });
+}

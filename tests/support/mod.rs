@@ -1,0 +1,162 @@
+//! Test support: throwaway servers, a fault proxy, and helpers to run the
+//! real `leaderrun` binary. Each test gets its own server; nothing here talks
+//! to the machine's shared services.
+#![allow(dead_code)]
+
+pub mod pg;
+pub mod proxy;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub use pg::Pg;
+pub use proxy::Proxy;
+
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "leaderrun-test-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// `leaderrun` with an environment that cannot leak in from the machine.
+pub fn leaderrun() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
+    for v in [
+        "LEADERRUN_NAME",
+        "LEADERRUN_STORE",
+        "DATABASE_URL",
+        "LEADERRUN_STATE_DIR",
+    ] {
+        c.env_remove(v);
+    }
+    c.stdin(Stdio::null());
+    c
+}
+
+/// `leaderrun --store URL --name NAME <extra> -- sh -c SCRIPT`.
+pub fn lr(url: &str, name: &str, extra: &[&str], script: &str) -> Command {
+    let mut c = leaderrun();
+    c.args(["--store", url, "--name", name])
+        .args(extra)
+        .args(["--", "sh", "-c", script]);
+    c
+}
+
+pub struct Output {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn run(mut c: Command) -> Output {
+    let out = c.output().expect("run leaderrun");
+    Output {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Start in the background, in a process group of its own (so a test can
+/// freeze it as a whole), stderr captured to a file for diagnostics.
+pub fn spawn(mut c: Command, log: &Path) -> Child {
+    use std::os::unix::process::CommandExt;
+    let f = std::fs::File::create(log).expect("log file");
+    c.stdout(f.try_clone().expect("log"))
+        .stderr(f)
+        .process_group(0);
+    c.spawn().expect("spawn leaderrun")
+}
+
+/// Wait for `f` to return true, checking every 10 ms, failing after `limit`.
+pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        if f() {
+            return t0.elapsed();
+        }
+        if t0.elapsed() > limit {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn wait_file(path: &Path, limit: Duration) -> Duration {
+    wait_for(&format!("{}", path.display()), limit, || path.exists())
+}
+
+pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            return st;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            panic!("leaderrun did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+pub fn alive(pid: i32) -> bool {
+    // A zombie still "exists"; look at its state instead.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+pub fn pid_in(path: &Path) -> i32 {
+    read(path)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no pid in {}", path.display()))
+}
+
+pub fn signal_group(pgid: u32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid as i32), sig);
+}
+
+pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+}

@@ -1,0 +1,265 @@
+//! A throwaway Postgres cluster per test: `initdb` into a temp dir, started on
+//! a free port on 127.0.0.1 as an unprivileged user when the tests run as root
+//! (initdb refuses root). Password auth over TCP, so wrong-password tests are
+//! real. Never touches the machine's own Postgres.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{free_port, TempDir};
+
+pub const PASSWORD: &str = "t3st-pw-Zq81";
+
+pub struct Pg {
+    pub port: u16,
+    pub dir: TempDir,
+    bin: PathBuf,
+    server: Option<Child>,
+    owner: Option<(u32, u32)>,
+}
+
+/// Where the server binaries are: PATH first, then Debian's versioned dirs.
+fn pg_bin() -> PathBuf {
+    if let Some(p) = find_on_path("initdb") {
+        if let Some(dir) = p.parent() {
+            if dir.join("postgres").exists() {
+                return dir.to_path_buf();
+            }
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|b| b.join("initdb").exists() && b.join("postgres").exists())
+        .collect();
+    found.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    found.pop().unwrap_or_else(|| {
+        panic!(
+            "Postgres server binaries (initdb, postgres) not found on PATH or in \
+             /usr/lib/postgresql/*/bin: install the Debian package `postgresql`"
+        )
+    })
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.exists())
+        .and_then(|p| std::fs::canonicalize(p).ok())
+}
+
+/// uid/gid to run the server as: ourselves, or `postgres`/`nobody` as root.
+fn server_owner() -> Option<(u32, u32)> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    for name in ["postgres", "nobody"] {
+        if let Ok(Some(u)) = nix::unistd::User::from_name(name) {
+            return Some((u.uid.as_raw(), u.gid.as_raw()));
+        }
+    }
+    panic!("running as root and neither user `postgres` nor `nobody` exists to run initdb");
+}
+
+impl Pg {
+    pub fn start() -> Pg {
+        let bin = pg_bin();
+        let owner = server_owner();
+        let dir = TempDir::new("pg");
+        if let Some((uid, gid)) = owner {
+            nix::unistd::chown(
+                dir.path(),
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .expect("chown temp dir");
+        }
+        let pwfile = dir.path().join("pw");
+        std::fs::write(&pwfile, PASSWORD).expect("write pwfile");
+        if let Some((uid, gid)) = owner {
+            let _ = nix::unistd::chown(
+                &pwfile,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            );
+        }
+        let data = dir.path().join("data");
+        let mut initdb = Command::new(bin.join("initdb"));
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "-U",
+                "postgres",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "--no-sync",
+            ])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        as_owner(&mut initdb, owner);
+        let out = initdb.output().expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut pg = Pg {
+            port: 0,
+            dir,
+            bin,
+            server: None,
+            owner,
+        };
+        pg.boot();
+        pg
+    }
+
+    /// Start (or restart) the server on a fresh free port when it has none.
+    pub fn boot(&mut self) {
+        for _ in 0..5 {
+            if self.port == 0 {
+                self.port = free_port();
+            }
+            let log =
+                std::fs::File::create(self.dir.path().join(format!("server-{}.log", self.port)))
+                    .expect("server log");
+            let mut cmd = Command::new(self.bin.join("postgres"));
+            cmd.arg("-D")
+                .arg(self.dir.path().join("data"))
+                .arg("-p")
+                .arg(self.port.to_string())
+                .arg("-k")
+                .arg(self.dir.path())
+                .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+                .args(["-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log);
+            as_owner(&mut cmd, self.owner);
+            // SAFETY: prctl only; the server must not outlive a killed test.
+            unsafe {
+                cmd.pre_exec(|| {
+                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGQUIT)?;
+                    Ok(())
+                });
+            }
+            let mut child = cmd.spawn().expect("start postgres");
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(30) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // port taken, most likely: try another
+                }
+                if self.try_sql("SELECT 1").is_ok() {
+                    self.server = Some(child);
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(30));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            self.port = 0;
+        }
+        panic!(
+            "could not start a throwaway postgres (see {})",
+            self.dir.path().display()
+        );
+    }
+
+    /// Stop the server at once, like a crash (`-m immediate`).
+    pub fn crash(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGQUIT,
+            );
+            let _ = c.wait();
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres:{PASSWORD}@127.0.0.1:{}/postgres?sslmode=disable",
+            self.port
+        )
+    }
+
+    pub fn url_via(&self, port: u16) -> String {
+        format!("postgres://postgres:{PASSWORD}@127.0.0.1:{port}/postgres?sslmode=disable")
+    }
+
+    fn try_sql(&self, sql: &str) -> Result<String, String> {
+        let out = Command::new(self.bin.join("psql"))
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+            ])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .args(["-d", "postgres", "-c", sql])
+            .env("PGPASSWORD", PASSWORD)
+            .env("PGCONNECT_TIMEOUT", "5")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).to_string())
+        }
+    }
+
+    /// Run SQL as the superuser over a direct connection; rows as text.
+    pub fn sql(&self, sql: &str) -> String {
+        self.try_sql(sql)
+            .unwrap_or_else(|e| panic!("sql {sql:?} failed: {e}"))
+    }
+
+    /// `holder|epoch|live` of a lease, or "" when there is no row.
+    pub fn lease_row(&self, name: &str) -> String {
+        self.sql(&format!(
+            "SELECT coalesce(holder,''), epoch, expires_at > now() FROM leader_lease WHERE name = '{name}'"
+        ))
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn bin(&self) -> &Path {
+        &self.bin
+    }
+}
+
+fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) {
+    if let Some((uid, gid)) = owner {
+        cmd.uid(uid).gid(gid);
+        cmd.env("HOME", "/tmp");
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        self.crash();
+    }
+}
