@@ -9,7 +9,7 @@ use clap::{ArgAction, Parser};
 use crate::names::{parse_holder, parse_name};
 
 fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (write it like 500ms, 15s or 2m)"))
+    humantime::parse_duration(s).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Parser)]

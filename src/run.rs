@@ -116,6 +116,10 @@ pub async fn run(cfg: RunConfig) -> i32 {
             return exit::FAILURE;
         }
     };
+    if let Err(e) = supervisor::check_command(&cfg.command) {
+        tracing::error!("{e}");
+        return e.exit_code();
+    }
     let clock = BootClock;
     let t = cfg.timing;
     let name = cfg.name.clone();

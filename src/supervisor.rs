@@ -55,6 +55,44 @@ pub struct Child {
     pgid: Pid,
 }
 
+/// Find out, before any lease is taken, whether `argv[0]` can be run at all,
+/// so a typo in a crontab costs no epoch and holds no lease. (The spawn
+/// itself still reports 126/127 for what changes in between.)
+pub fn check_command(argv: &[OsString]) -> Result<(), SpawnError> {
+    use nix::unistd::{access, AccessFlags};
+    use std::path::{Path, PathBuf};
+    let Some(program) = argv.first().filter(|p| !p.is_empty()) else {
+        return Err(SpawnError::NotFound("(empty command)".into()));
+    };
+    let shown = program.to_string_lossy().into_owned();
+    let runnable = |p: &Path| p.is_file() && access(p, AccessFlags::X_OK).is_ok();
+    if program.as_encoded_bytes().contains(&b'/') {
+        let p = Path::new(program);
+        return if !p.exists() {
+            Err(SpawnError::NotFound(shown))
+        } else if runnable(p) {
+            Ok(())
+        } else {
+            Err(SpawnError::NotExecutable(format!(
+                "{shown}: permission denied or not a file"
+            )))
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    let candidates: Vec<PathBuf> = std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .collect();
+    if candidates.iter().any(|c| runnable(c)) {
+        Ok(())
+    } else if candidates.iter().any(|c| c.exists()) {
+        Err(SpawnError::NotExecutable(format!(
+            "{shown}: permission denied"
+        )))
+    } else {
+        Err(SpawnError::NotFound(shown))
+    }
+}
+
 /// Start `argv` with `env` added to leaderrun's own environment.
 pub fn spawn(argv: &[OsString], env: &[(&str, String)]) -> Result<Child, SpawnError> {
     let shown = argv
@@ -182,7 +220,7 @@ impl Child {
     /// backgrounded `&` job) must not outlive it unsupervised. TERM, then
     /// KILL at `kill_at`.
     pub async fn sweep_group<C: Clock>(&self, clock: &C, kill_at: Stamp) {
-        if killpg(self.pgid, None).is_err() {
+        if !group_alive(self.pgid) {
             return;
         }
         tracing::warn!(
@@ -190,7 +228,7 @@ impl Child {
             "the child left processes in its group; stopping them"
         );
         self.signal(Signal::SIGTERM);
-        while killpg(self.pgid, None).is_ok() {
+        while group_alive(self.pgid) {
             if clock.now() >= kill_at {
                 self.signal(Signal::SIGKILL);
                 return;
@@ -198,4 +236,31 @@ impl Child {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// Whether any process of the group is still running. Zombies do not count:
+/// an orphan's zombie waits for init to reap it and runs nothing, but it
+/// still answers `kill(-pgid, 0)`.
+fn group_alive(pgid: Pid) -> bool {
+    if killpg(pgid, None).is_err() {
+        return false;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    dir.flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .any(|stat| {
+            // "pid (comm) state ppid pgrp ...": comm may contain spaces and
+            // parentheses, so parse from the last ')'.
+            let mut f = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+            let state = f.next();
+            let pgrp = f.nth(1).and_then(|p| p.parse::<i32>().ok());
+            pgrp == Some(pgid.as_raw()) && state != Some("Z")
+        })
 }
