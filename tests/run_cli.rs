@@ -30,7 +30,7 @@ fn child_gets_the_lease_in_its_environment_and_its_status_passes_through() {
     assert_eq!(r.code, Some(3));
     assert!(read(&out).starts_with("2 nightly "), "{}", read(&out));
     assert_eq!(
-        pg.lease_row("nightly").split('|').nth(0),
+        pg.lease_row("nightly").split('|').next(),
         Some(""),
         "released: no holder"
     );
