@@ -10,7 +10,7 @@ use clap::Parser;
 
 use crate::cli::{one_line_error, Cli};
 use crate::clock::{BootClock, Clock};
-use crate::elector::{describe_held, Elector, LossReason, Lost, Waited};
+use crate::elector::{describe_held, Elector, Lost, Waited};
 use crate::store::{AnyStore, StoreUrl};
 use crate::supervisor::{self, status_code};
 use crate::timing::{Timing, TimingArgs};
@@ -212,11 +212,9 @@ pub async fn run(cfg: RunConfig) -> i32 {
                 "command stopped (status {}); exiting 75",
                 status_code(st)
             );
-            if lost.reason != LossReason::Superseded {
-                // Our lease may still stand on the store: hand it back so a
-                // rival need not wait for expiry. Bounded by its remaining life.
-                elector.release(&lease, None).await;
-            }
+            // No release: after a loss the lease is either someone else's
+            // or ours only until it expires, at most L - G - K from now, and a
+            // store we could not renew with would only delay the exit.
             exit::LOST
         }
     }

@@ -76,6 +76,12 @@ fn held_lease_is_skipped_quietly_with_the_conflict_exit_code() {
     );
     wait_file(&ready, 10 * SEC);
 
+    // A DBA can see who holds the connection.
+    let apps = pg.sql(
+        "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE 'leaderrun%'",
+    );
+    assert_eq!(apps, "leaderrun job");
+
     let ran = dir.file("ran");
     let script = format!("touch {}", ran.display());
     let r = run(lr(&pg.url(), "job", &[], &script));
