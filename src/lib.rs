@@ -7,6 +7,7 @@ pub mod cli;
 pub mod clock;
 pub mod elector;
 pub mod exit;
+pub mod guard;
 pub mod logging;
 pub mod names;
 pub mod redact;

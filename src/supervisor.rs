@@ -14,6 +14,9 @@
 //!   runtime and spawns from the main thread, which lives as long as the
 //!   process. The parent pid is re-checked after arming it, closing the race
 //!   where leaderrun died between fork and prctl;
+//! * with a guard process (guard.rs) that kills the whole group should
+//!   leaderrun itself be killed, since the parent-death signal reaches only
+//!   the child, not what the child started;
 //! * with default dispositions for every signal and an empty signal mask:
 //!   dispositions set to "ignore" survive `exec` (a shell's background job
 //!   starts with SIGINT and SIGQUIT ignored), and a child that cannot trap
@@ -53,6 +56,8 @@ pub struct Child {
     inner: tokio::process::Child,
     /// The child's pid, which is also its process group id.
     pgid: Pid,
+    /// Kills the group should leaderrun die without cleaning up.
+    _guard: Option<crate::guard::Guard>,
 }
 
 /// Find out, before any lease is taken, whether `argv[0]` can be run at all,
@@ -139,10 +144,11 @@ pub fn spawn(argv: &[OsString], env: &[(&str, String)]) -> Result<Child, SpawnEr
     cmd.kill_on_drop(false);
     match cmd.spawn() {
         Ok(inner) => {
-            let pid = inner.id().map(|p| p as i32).unwrap_or(0);
+            let pgid = Pid::from_raw(inner.id().map(|p| p as i32).unwrap_or(0));
             Ok(Child {
                 inner,
-                pgid: Pid::from_raw(pid),
+                pgid,
+                _guard: crate::guard::Guard::start(pgid),
             })
         }
         Err(e) => Err(match (e.kind(), e.raw_os_error()) {

@@ -276,3 +276,30 @@ fn short_outages_are_ridden_out_by_reconnecting() {
     signal(a.id(), Signal::SIGTERM);
     wait_exit(&mut a, 5 * SEC);
 }
+
+/// `kill -9` of leaderrun while its child (a shell) waits for a grandchild:
+/// the whole group dies, not just the shell.
+#[test]
+fn killed_holder_takes_the_childs_own_children_with_it() {
+    let pg = Pg::start();
+    let dir = TempDir::new("kill9tree");
+    let (bg, fg) = (dir.file("bg"), dir.file("fg"));
+    let script = format!(
+        "sleep 60 & echo $! > {bg}; sh -c 'echo $$ > {fg}.tmp && mv {fg}.tmp {fg}; exec sleep 60'; true",
+        bg = bg.display(),
+        fg = fg.display()
+    );
+    let mut a = spawn(lr(&pg.url(), "tree", &[], &script), &dir.file("a.log"));
+    wait_file(&fg, 10 * SEC);
+    let pids = [pid_in(&bg), pid_in(&fg)];
+    assert!(pids.iter().all(|p| alive(*p)));
+    signal(a.id(), Signal::SIGKILL);
+    let _ = a.wait();
+    let took = wait_for("the whole tree to die", 2 * SEC, || {
+        pids.iter().all(|p| !alive(*p))
+    });
+    assert!(
+        took < 500 * MS,
+        "grandchildren outlived leaderrun by {took:?}"
+    );
+}
