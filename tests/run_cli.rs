@@ -594,3 +594,40 @@ fn processes_the_child_left_behind_are_stopped() {
     let pid = pid_in(&bg);
     assert!(!alive(pid), "background process {pid} outlived leaderrun");
 }
+
+/// `sslmode` in the URL is honoured: `require` works against a TLS server and
+/// is refused by a plain one; `verify-full` checks the certificate.
+#[test]
+fn tls_follows_sslmode_in_the_url() {
+    let tls = Pg::start_with(true);
+    let plain = Pg::start();
+    let url = |pg: &Pg, host: &str, mode: &str| {
+        format!(
+            "postgres://postgres:{}@{host}:{}/postgres?sslmode={mode}",
+            support::pg::PASSWORD,
+            pg.port
+        )
+    };
+    let r = run(lr(&url(&tls, "127.0.0.1", "require"), "tls", &[], "true"));
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let r = run(lr(&url(&plain, "127.0.0.1", "require"), "tls", &[], "true"));
+    assert_eq!(r.code, Some(125), "{}", r.stderr);
+    assert!(r.stderr.contains("TLS"), "{}", r.stderr);
+    // verify-full with the right root certificate and host name...
+    let crt = tls.dir.file("ca.crt");
+    let good = format!(
+        "{}&sslrootcert={}",
+        url(&tls, "localhost", "verify-full"),
+        crt.display()
+    );
+    let r = run(lr(&good, "tls", &[], "true"));
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    // ...and without it (the system roots do not know a self-signed cert).
+    let r = run(lr(
+        &url(&tls, "localhost", "verify-full"),
+        "tls",
+        &[],
+        "true",
+    ));
+    assert_eq!(r.code, Some(125), "{}", r.stderr);
+}

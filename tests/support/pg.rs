@@ -74,6 +74,12 @@ fn server_owner() -> Option<(u32, u32)> {
 
 impl Pg {
     pub fn start() -> Pg {
+        Pg::start_with(false)
+    }
+
+    /// With `tls`, the server also speaks TLS with a fresh self-signed
+    /// certificate for `localhost`, signed by a CA at `dir/ca.crt`.
+    pub fn start_with(tls: bool) -> Pg {
         let bin = pg_bin();
         let owner = server_owner();
         let dir = TempDir::new("pg");
@@ -116,6 +122,94 @@ impl Pg {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if tls {
+            let (crt, key) = (dir.path().join("server.crt"), dir.path().join("server.key"));
+            // A CA and a server certificate it signs: rustls refuses a
+            // self-signed certificate used directly as the server's.
+            let d = dir.path();
+            std::fs::write(d.join("ext"), "subjectAltName=DNS:localhost\n").expect("ext");
+            let steps: [&[&str]; 3] = [
+                &[
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "rsa:2048",
+                    "-nodes",
+                    "-days",
+                    "1",
+                    "-subj",
+                    "/CN=leaderrun test CA",
+                    "-keyout",
+                    "ca.key",
+                    "-out",
+                    "ca.crt",
+                ],
+                &[
+                    "req",
+                    "-newkey",
+                    "rsa:2048",
+                    "-nodes",
+                    "-subj",
+                    "/CN=localhost",
+                    "-keyout",
+                    "server.key",
+                    "-out",
+                    "server.csr",
+                ],
+                &[
+                    "x509",
+                    "-req",
+                    "-in",
+                    "server.csr",
+                    "-CA",
+                    "ca.crt",
+                    "-CAkey",
+                    "ca.key",
+                    "-CAcreateserial",
+                    "-days",
+                    "1",
+                    "-extfile",
+                    "ext",
+                    "-out",
+                    "server.crt",
+                ],
+            ];
+            for args in steps {
+                let out = Command::new("openssl")
+                    .args(args)
+                    .current_dir(d)
+                    .output()
+                    .expect("openssl (Debian package `openssl`) is needed for the TLS test");
+                assert!(
+                    out.status.success(),
+                    "openssl: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+                .expect("chmod key");
+            if let Some((uid, gid)) = owner {
+                for f in [&crt, &key] {
+                    nix::unistd::chown(
+                        f,
+                        Some(nix::unistd::Uid::from_raw(uid)),
+                        Some(nix::unistd::Gid::from_raw(gid)),
+                    )
+                    .expect("chown cert");
+                }
+            }
+            let conf = format!(
+                "\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+                crt.display(),
+                key.display()
+            );
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("postgresql.conf"))
+                .expect("postgresql.conf");
+            std::io::Write::write_all(&mut f, conf.as_bytes()).expect("write conf");
+        }
         let mut pg = Pg {
             port: 0,
             dir,
