@@ -31,7 +31,7 @@ pub struct Cli {
     #[arg(short, long, env = "LEADERRUN_NAME", value_parser = parse_name)]
     pub name: String,
 
-    /// Store URL: postgres://user:pass@host/db (falls back to DATABASE_URL)
+    /// Store URL: postgres://user:pass@host/db or sqlite://PATH [default: DATABASE_URL, then the embedded single-host store]
     #[arg(
         short,
         long,

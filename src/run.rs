@@ -43,9 +43,11 @@ impl RunConfig {
         let url = cli
             .store
             .filter(|s| !s.is_empty())
-            .or_else(|| std::env::var("DATABASE_URL").ok().filter(|s| !s.is_empty()))
-            .ok_or_else(|| crate::store::UrlError::Missing.to_string())?;
-        let url = StoreUrl::parse(&url).map_err(|e| e.to_string())?;
+            .or_else(|| std::env::var("DATABASE_URL").ok().filter(|s| !s.is_empty()));
+        let url = match url {
+            Some(u) => StoreUrl::parse(&u).map_err(|e| e.to_string())?,
+            None => StoreUrl::Sqlite(crate::store::sqlite::default_path()?),
+        };
         let mut app_name = format!("leaderrun {}", cli.name);
         app_name.truncate(63);
         let store = AnyStore::open(&url, &app_name, timing.give_up)?;
@@ -123,7 +125,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
     let clock = BootClock;
     let t = cfg.timing;
     let name = cfg.name.clone();
-    tracing::debug!(store = %cfg.store.describe(), holder = %cfg.holder, "contending for lease {name}");
+    tracing::info!("store {}; holder {}", cfg.store.describe(), cfg.holder);
     let mut elector = Elector::new(cfg.store, clock, cfg.name, cfg.holder.clone(), t);
 
     let mut lease = match elector

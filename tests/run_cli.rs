@@ -269,7 +269,7 @@ fn bad_input_is_one_line_exit_2_and_starts_nothing() {
             "mysql://u:Sup3rSecret@h/db",
             "unknown store scheme in mysql://u:***@h/db",
         ),
-        ("", "no store configured"),
+        ("sqlite://", "sqlite:// needs a file path"),
     ];
     for (store, want) in stores {
         let mut c = leaderrun();

@@ -14,6 +14,7 @@
 //! call against its own give-up timer, so a hung call never delays step-down.
 
 pub mod postgres;
+pub mod sqlite;
 
 use std::time::Duration;
 
@@ -89,21 +90,23 @@ pub trait Store {
 
 /// The store a URL names, opened lazily (the first call connects).
 pub enum AnyStore {
-    Postgres(postgres::PgStore),
+    Postgres(Box<postgres::PgStore>),
+    Sqlite(sqlite::SqliteStore),
 }
 
 /// A store URL that was understood, before anything is connected.
 #[derive(Debug)]
 pub enum StoreUrl {
     Postgres(String),
+    Sqlite(std::path::PathBuf),
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum UrlError {
-    #[error("unknown store scheme in {0} (expected postgres:// or postgresql://)")]
+    #[error("unknown store scheme in {0} (expected postgres://, postgresql:// or sqlite://PATH)")]
     UnknownScheme(Redacted),
-    #[error("no store configured: pass --store postgres://… or set LEADERRUN_STORE")]
-    Missing,
+    #[error("sqlite:// needs a file path, as in sqlite:///var/lib/leaderrun/leases.db")]
+    NoPath,
 }
 
 impl StoreUrl {
@@ -111,6 +114,12 @@ impl StoreUrl {
         let lower = url.to_ascii_lowercase();
         if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
             Ok(StoreUrl::Postgres(url.to_string()))
+        } else if lower.starts_with("sqlite://") {
+            let path = &url["sqlite://".len()..];
+            if path.is_empty() {
+                return Err(UrlError::NoPath);
+            }
+            Ok(StoreUrl::Sqlite(std::path::PathBuf::from(path)))
         } else {
             Err(UrlError::UnknownScheme(Redacted::new(url)))
         }
@@ -126,15 +135,19 @@ impl AnyStore {
         statement_timeout: Duration,
     ) -> Result<AnyStore, String> {
         match url {
-            StoreUrl::Postgres(u) => {
-                postgres::PgStore::new(u, app_name, statement_timeout).map(AnyStore::Postgres)
-            }
+            StoreUrl::Postgres(u) => postgres::PgStore::new(u, app_name, statement_timeout)
+                .map(|s| AnyStore::Postgres(Box::new(s))),
+            StoreUrl::Sqlite(p) => Ok(AnyStore::Sqlite(sqlite::SqliteStore::new(
+                p.clone(),
+                statement_timeout,
+            ))),
         }
     }
 
     pub fn describe(&self) -> String {
         match self {
             AnyStore::Postgres(s) => s.redacted().to_string(),
+            AnyStore::Sqlite(s) => format!("sqlite://{}", s.path().display()),
         }
     }
 }
@@ -149,6 +162,7 @@ impl Store for AnyStore {
     ) -> Result<Option<i64>, StoreError> {
         match self {
             AnyStore::Postgres(s) => s.acquire(name, holder, lease, timeout).await,
+            AnyStore::Sqlite(s) => s.acquire(name, holder, lease, timeout).await,
         }
     }
 
@@ -162,6 +176,7 @@ impl Store for AnyStore {
     ) -> Result<bool, StoreError> {
         match self {
             AnyStore::Postgres(s) => s.renew(name, holder, epoch, lease, timeout).await,
+            AnyStore::Sqlite(s) => s.renew(name, holder, epoch, lease, timeout).await,
         }
     }
 
@@ -175,6 +190,7 @@ impl Store for AnyStore {
     ) -> Result<bool, StoreError> {
         match self {
             AnyStore::Postgres(s) => s.release(name, holder, epoch, keep, timeout).await,
+            AnyStore::Sqlite(s) => s.release(name, holder, epoch, keep, timeout).await,
         }
     }
 
@@ -185,6 +201,7 @@ impl Store for AnyStore {
     ) -> Result<Option<LeaseInfo>, StoreError> {
         match self {
             AnyStore::Postgres(s) => s.inspect(name, timeout).await,
+            AnyStore::Sqlite(s) => s.inspect(name, timeout).await,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Test support: throwaway servers, a fault proxy, and helpers to run the
 //! real `leaderrun` binary. Each test gets its own server; nothing here talks
 //! to the machine's shared services.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub mod pg;
 pub mod proxy;
@@ -159,4 +159,58 @@ pub fn signal_group(pgid: u32, sig: nix::sys::signal::Signal) {
 
 pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+}
+
+/// Run as an unprivileged user when the tests run as root (root ignores file
+/// permissions, and its default store path is system-wide). The binary is
+/// copied into `dir` so the user can execute it wherever the checkout lives,
+/// and `dir` is opened to that user.
+pub fn leaderrun_unprivileged(dir: &TempDir) -> Command {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        let mut c = leaderrun();
+        c.env_remove("XDG_STATE_HOME");
+        return c;
+    }
+    let user = nix::unistd::User::from_name("nobody")
+        .ok()
+        .flatten()
+        .expect("user nobody exists");
+    let bin = dir.file("leaderrun");
+    if !bin.exists() {
+        std::fs::copy(env!("CARGO_BIN_EXE_leaderrun"), &bin).expect("copy binary");
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+            .expect("chmod dir");
+    }
+    let mut c = Command::new(&bin);
+    for v in [
+        "LEADERRUN_NAME",
+        "LEADERRUN_STORE",
+        "DATABASE_URL",
+        "LEADERRUN_STATE_DIR",
+        "XDG_STATE_HOME",
+    ] {
+        c.env_remove(v);
+    }
+    c.stdin(Stdio::null())
+        .uid(user.uid.as_raw())
+        .gid(user.gid.as_raw());
+    c
+}
+
+/// The libfaketime preload library, from Debian's `faketime` package.
+pub fn libfaketime() -> PathBuf {
+    for dir in [
+        "/usr/lib/x86_64-linux-gnu/faketime",
+        "/usr/lib/aarch64-linux-gnu/faketime",
+        "/usr/lib/faketime",
+    ] {
+        let p = Path::new(dir).join("libfaketime.so.1");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("libfaketime.so.1 not found: install the Debian package `faketime`");
 }

@@ -1,0 +1,342 @@
+//! The embedded store: a SQLite file, for one host and no server.
+//!
+//! There is no server clock here, and the wall clock can be stepped by hours
+//! (NTP, `date -s`, a VM restored from a snapshot). So expiry is kept on
+//! `CLOCK_BOOTTIME` — the same clock the elector's deadlines use, shared by
+//! every process on the host, never stepped — together with the kernel's
+//! boot id. Boot-clock values from another boot mean nothing, so a row whose
+//! boot id differs from the current one is free: after a reboot no holder's
+//! process can still be running.
+//!
+//! Every call runs in `BEGIN IMMEDIATE`, which takes the database's write
+//! lock *before* reading. Racing processes queue on that lock (bounded by the
+//! busy timeout, itself bounded by the give-up interval) instead of reading a
+//! snapshot and failing to upgrade it, and "now" is read from the boot clock
+//! after the lock is held. WAL mode keeps other readers of the file (the
+//! sqlite3 shell, a backup) from blocking or being blocked.
+//! `synchronous = NORMAL` can lose the last commits on power loss only, and a
+//! power loss is a reboot, after which every lease is free anyway.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
+use sqlx::{ConnectOptions, Connection, Row};
+
+use super::{millis, LeaseInfo, Store, StoreError};
+use crate::clock::{BootClock, Clock};
+
+const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT,
+    epoch      INTEGER NOT NULL DEFAULT 0,
+    expires_at INTEGER NOT NULL DEFAULT 0, -- CLOCK_BOOTTIME in ms, of boot `boot_id`
+    boot_id    TEXT NOT NULL DEFAULT ''
+)";
+
+// ?1 name, ?2 holder, ?3 now (boot ms), ?4 lease ms, ?5 boot id
+const ACQUIRE_SQL: &str = "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id)
+     VALUES (?1, ?2, 1, ?3 + ?4, ?5)
+     ON CONFLICT (name) DO UPDATE
+        SET holder = excluded.holder, epoch = leader_lease.epoch + 1,
+            expires_at = excluded.expires_at, boot_id = excluded.boot_id
+      WHERE leader_lease.holder IS NULL OR leader_lease.boot_id <> excluded.boot_id
+         OR leader_lease.expires_at <= ?3
+     RETURNING epoch";
+
+// ?1 name, ?2 holder, ?3 epoch, ?4 now, ?5 lease ms, ?6 boot id
+const RENEW_SQL: &str = "UPDATE leader_lease SET expires_at = ?4 + ?5
+      WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6 AND expires_at > ?4";
+
+// ?1 name, ?2 holder, ?3 epoch, ?4 now, ?5 keep ms, ?6 boot id
+const RELEASE_SQL: &str = "UPDATE leader_lease
+        SET holder = CASE WHEN ?5 > 0 THEN holder END, expires_at = ?4 + ?5
+      WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6";
+
+// ?1 name, ?2 now, ?3 boot id
+const INSPECT_SQL: &str = "SELECT name, holder, epoch,
+        CASE WHEN boot_id = ?3 THEN expires_at - ?2 ELSE -1 END
+       FROM leader_lease WHERE name = ?1";
+
+pub struct SqliteStore {
+    path: PathBuf,
+    busy: Duration,
+    conn: Option<SqliteConnection>,
+    boot_id: Option<String>,
+}
+
+/// Where the embedded store lives when none is configured:
+/// `$LEADERRUN_STATE_DIR/leases.db`; for root `/var/lib/leaderrun/leases.db`;
+/// otherwise `$XDG_STATE_HOME/leaderrun/leases.db`, falling back to
+/// `~/.local/state/leaderrun/leases.db`.
+pub fn default_path() -> Result<PathBuf, String> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = var("LEADERRUN_STATE_DIR") {
+        return Ok(d.join("leases.db"));
+    }
+    if nix::unistd::geteuid().is_root() {
+        return Ok(PathBuf::from("/var/lib/leaderrun/leases.db"));
+    }
+    if let Some(d) = var("XDG_STATE_HOME") {
+        return Ok(d.join("leaderrun").join("leases.db"));
+    }
+    match var("HOME") {
+        Some(h) => Ok(h.join(".local/state/leaderrun/leases.db")),
+        None => Err(
+            "no store configured and neither LEADERRUN_STATE_DIR, XDG_STATE_HOME nor HOME is set"
+                .into(),
+        ),
+    }
+}
+
+fn boot_id() -> Result<String, StoreError> {
+    const P: &str = "/proc/sys/kernel/random/boot_id";
+    std::fs::read_to_string(P)
+        .map(|s| s.trim().to_string())
+        .map_err(|e| StoreError::Fatal(format!("cannot read the boot id from {P}: {e}")))
+}
+
+fn now_ms() -> i64 {
+    millis(BootClock.now())
+}
+
+impl SqliteStore {
+    /// `busy` bounds how long a call waits for another process's write lock.
+    pub fn new(path: PathBuf, busy: Duration) -> SqliteStore {
+        SqliteStore {
+            path,
+            busy,
+            conn: None,
+            boot_id: None,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn describe(&self) -> String {
+        format!("sqlite://{}", self.path.display())
+    }
+
+    async fn take_conn(&mut self) -> Result<SqliteConnection, StoreError> {
+        if let Some(c) = self.conn.take() {
+            return Ok(c);
+        }
+        if self.boot_id.is_none() {
+            self.boot_id = Some(boot_id()?);
+        }
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            create_private_dir(dir).map_err(|e| {
+                StoreError::Fatal(format!(
+                    "cannot create the store directory {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        }
+        let opts = SqliteConnectOptions::from_str("sqlite://")
+            .map_err(|e| StoreError::Fatal(e.to_string()))?
+            .filename(&self.path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(self.busy)
+            .disable_statement_logging();
+        let mut conn = SqliteConnection::connect_with(&opts)
+            .await
+            .map_err(|e| self.classify("cannot open", e))?;
+        sqlx::query(TABLE_SQL)
+            .execute(&mut conn)
+            .await
+            .map_err(|e| self.classify("cannot set up", e))?;
+        Ok(conn)
+    }
+
+    fn classify(&self, what: &str, e: sqlx::Error) -> StoreError {
+        let transient = match &e {
+            // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with extended codes.
+            sqlx::Error::Database(d) => d
+                .code()
+                .and_then(|c| c.parse::<i32>().ok())
+                .is_some_and(|c| matches!(c & 0xff, 5 | 6)),
+            sqlx::Error::PoolTimedOut => true,
+            _ => false,
+        };
+        let detail = match &e {
+            sqlx::Error::Database(d) => d.message().to_string(),
+            other => other.to_string(),
+        };
+        let msg = format!("{what} the store {}: {detail}", self.describe());
+        if transient {
+            StoreError::Unavailable(msg)
+        } else {
+            StoreError::Fatal(msg)
+        }
+    }
+
+    /// Run one statement in a `BEGIN IMMEDIATE` transaction. `now` (boot
+    /// clock, ms) is read once the write lock is held.
+    async fn write<T, F>(&mut self, timeout: Duration, what: &str, f: F) -> Result<T, StoreError>
+    where
+        F: for<'c> FnOnce(&'c mut SqliteConnection, i64, String) -> BoxFut<'c, T>,
+    {
+        let work = async {
+            let mut conn = self.take_conn().await?;
+            let boot = self.boot_id.clone().unwrap_or_default();
+            let res = async {
+                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                let v = f(&mut tx, now_ms(), boot).await?;
+                tx.commit().await?;
+                Ok::<T, sqlx::Error>(v)
+            }
+            .await;
+            match res {
+                Ok(v) => {
+                    self.conn = Some(conn);
+                    Ok(v)
+                }
+                Err(e) => Err(self.classify(what, e)),
+            }
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "the store {} stayed locked for {}",
+                self.describe(),
+                humantime::format_duration(timeout)
+            ))),
+        }
+    }
+}
+
+type BoxFut<'c, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
+
+/// Create `dir` and its parents; directories leaderrun creates are private
+/// to their owner (0700), except the system-wide one, which others may read.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mode = if dir.starts_with("/var/lib") {
+        0o755
+    } else {
+        0o700
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)
+}
+
+impl Store for SqliteStore {
+    async fn acquire(
+        &mut self,
+        name: &str,
+        holder: &str,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(lease));
+        self.write(timeout, "cannot acquire in", move |c, now, boot| {
+            Box::pin(async move {
+                let row = sqlx::query(ACQUIRE_SQL)
+                    .bind(name)
+                    .bind(holder)
+                    .bind(now)
+                    .bind(ms)
+                    .bind(boot)
+                    .fetch_optional(c)
+                    .await?;
+                row.map(|r| r.try_get::<i64, _>(0)).transpose()
+            })
+        })
+        .await
+    }
+
+    async fn renew(
+        &mut self,
+        name: &str,
+        holder: &str,
+        epoch: i64,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(lease));
+        self.write(timeout, "cannot renew in", move |c, now, boot| {
+            Box::pin(async move {
+                let done = sqlx::query(RENEW_SQL)
+                    .bind(name)
+                    .bind(holder)
+                    .bind(epoch)
+                    .bind(now)
+                    .bind(ms)
+                    .bind(boot)
+                    .execute(c)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
+    }
+
+    async fn release(
+        &mut self,
+        name: &str,
+        holder: &str,
+        epoch: i64,
+        keep: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(keep));
+        self.write(timeout, "cannot release in", move |c, now, boot| {
+            Box::pin(async move {
+                let done = sqlx::query(RELEASE_SQL)
+                    .bind(name)
+                    .bind(holder)
+                    .bind(epoch)
+                    .bind(now)
+                    .bind(ms)
+                    .bind(boot)
+                    .execute(c)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
+    }
+
+    async fn inspect(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        let name = name.to_string();
+        self.write(timeout, "cannot read", move |c, now, boot| {
+            Box::pin(async move {
+                let row = sqlx::query(INSPECT_SQL)
+                    .bind(name)
+                    .bind(now)
+                    .bind(boot)
+                    .fetch_optional(c)
+                    .await?;
+                row.map(|r| {
+                    Ok(LeaseInfo {
+                        name: r.try_get(0)?,
+                        holder: r.try_get(1)?,
+                        epoch: r.try_get(2)?,
+                        expires_in_ms: r.try_get(3)?,
+                    })
+                })
+                .transpose()
+            })
+        })
+        .await
+    }
+}
