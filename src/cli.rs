@@ -4,12 +4,28 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use clap::{ArgAction, Parser};
+use clap::{ArgAction, Args, Parser, Subcommand};
 
 use crate::names::{parse_holder, parse_name};
 
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// Text for the end of `--help` and for the man page.
+pub const AFTER_HELP: &str = "\
+Exit status (run form): the command's own; 128+N when it died of signal N (or leaderrun got
+signal N while waiting); 75 the lease was lost and the command stopped; 124 --timeout passed;
+125 leaderrun failed (store unreachable, wrong password, permission denied); 126 command not
+executable; 127 command not found; 2 usage error; --conflict-exit-code (default 0) when the
+lease is held elsewhere.
+Subcommands: 0 done / live; 1 no such lease, nothing to clear, or not live at that epoch;
+125 store failure; 2 usage error.";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Parser)]
@@ -21,25 +37,54 @@ fn duration(s: &str) -> Result<Duration, String> {
         leaderrun takes the lease NAME, starts COMMAND with the fencing token LEASE_EPOCH in its \
         environment, renews the lease in the background, and stops COMMAND (SIGTERM, then SIGKILL \
         to its whole process group) before the lease can pass to anyone else.",
-    after_help = "Exit status: the command's own; 128+N when it died of signal N; 75 the lease was lost \
-        and the command stopped; 124 --timeout passed; 125 leaderrun failed (store unreachable, \
-        permission denied); 126 command not executable; 127 command not found; 2 usage error. \
-        When the lease is held elsewhere: --conflict-exit-code (default 0)."
+    after_help = AFTER_HELP,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
 )]
 pub struct Cli {
-    /// Lease name: 1-128 of A-Z a-z 0-9 . _ - (not starting with - or .)
-    #[arg(short, long, env = "LEADERRUN_NAME", value_parser = parse_name)]
-    pub name: String,
+    #[command(subcommand)]
+    pub admin: Option<Admin>,
 
+    #[command(flatten)]
+    pub common: Common,
+
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Options every form takes.
+#[derive(Debug, Args)]
+pub struct Common {
     /// Store URL: postgres://user:pass@host/db or sqlite://PATH [default: DATABASE_URL, then the embedded single-host store]
     #[arg(
         short,
         long,
         env = "LEADERRUN_STORE",
         hide_env_values = true,
-        value_name = "URL"
+        value_name = "URL",
+        global = true
     )]
     pub store: Option<String>,
+
+    /// More output: -v lifecycle (acquired, released), -vv every renewal
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    /// Only errors
+    #[arg(short, long, conflicts_with = "verbose", global = true)]
+    pub quiet: bool,
+
+    /// Log line format on stderr
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, value_name = "FORMAT", global = true)]
+    pub log_format: LogFormat,
+}
+
+/// The run form: `leaderrun [OPTIONS] --name <NAME> -- <COMMAND> [ARGS]...`
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Lease name: 1-128 of A-Z a-z 0-9 . _ - (not starting with - or .)
+    #[arg(short, long, env = "LEADERRUN_NAME", value_parser = parse_name, required = true)]
+    pub name: Option<String>,
 
     /// Lease length L [default: 15s]
     #[arg(long, value_name = "DUR", value_parser = duration)]
@@ -81,17 +126,47 @@ pub struct Cli {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub conflict_exit_code: u8,
 
-    /// More output: -v lifecycle (acquired, released), -vv every renewal
-    #[arg(short, long, action = ArgAction::Count)]
-    pub verbose: u8,
-
-    /// Only errors
-    #[arg(short, long, conflicts_with = "verbose")]
-    pub quiet: bool,
+    /// Write Prometheus metrics to this file (atomically replaced)
+    #[arg(long, value_name = "PATH")]
+    pub metrics_file: Option<std::path::PathBuf>,
 
     /// The command and its arguments, run directly (no shell)
-    #[arg(last = true, required = true, value_name = "COMMAND")]
+    #[arg(last = true, value_name = "COMMAND", required = true)]
     pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Admin {
+    /// Show holder, epoch and time to expiry (by the store's clock) of one lease or all
+    Status {
+        /// Only this lease
+        #[arg(short, long, value_parser = parse_name)]
+        name: Option<String>,
+        /// One JSON object per lease (an array without --name)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Clear a lease whose holder is gone; the next holder still gets a higher epoch
+    Release {
+        #[arg(short, long, env = "LEADERRUN_NAME", value_parser = parse_name)]
+        name: String,
+        /// Only if the lease is still at this epoch (what `status` showed)
+        #[arg(long)]
+        epoch: Option<i64>,
+    },
+    /// Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)
+    Check {
+        #[arg(short, long, env = "LEASE_NAME", value_parser = parse_name)]
+        name: String,
+        #[arg(short, long, env = "LEASE_EPOCH")]
+        epoch: i64,
+    },
+    /// Create the lease table, or print its SQL with --print
+    Init {
+        /// Print the SQL instead of running it
+        #[arg(long)]
+        print: bool,
+    },
 }
 
 /// clap's error, as one line: cron mail and journals keep it whole.

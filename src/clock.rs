@@ -50,25 +50,64 @@ impl Clock for BootClock {
     }
 }
 
+// Both the clock read and the timer arm are raw system calls, not the libc
+// wrappers: a preloaded library that fakes time for the process (libfaketime,
+// as tests and some CI setups use) interposes on the wrappers, and one that
+// shifts absolute timer expiries would silently postpone the give-up deadline.
+// The kernel's boot clock is what the contract is stated in.
+
 fn boottime_now() -> Stamp {
-    use nix::time::{clock_gettime, ClockId};
+    use nix::libc;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clock_gettime,
+            libc::CLOCK_BOOTTIME,
+            &mut ts as *mut libc::timespec,
+        )
+    };
     // CLOCK_BOOTTIME exists on every Linux since 2.6.39; failing to read it
     // is not a state this program can run safely in.
-    let ts = clock_gettime(ClockId::CLOCK_BOOTTIME).expect("CLOCK_BOOTTIME is readable");
-    Duration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32)
+    assert_eq!(rc, 0, "CLOCK_BOOTTIME is readable");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 fn boot_timer(at: Stamp) -> nix::Result<nix::sys::timerfd::TimerFd> {
-    use nix::sys::time::TimeSpec;
-    use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+    use nix::libc;
+    use nix::sys::timerfd::{ClockId, TimerFd, TimerFlags};
+    use std::os::fd::{AsFd, AsRawFd};
     let fd = TimerFd::new(
         ClockId::CLOCK_BOOTTIME,
         TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
     )?;
-    fd.set(
-        Expiration::OneShot(TimeSpec::from_duration(at)),
-        TimerSetTimeFlags::TFD_TIMER_ABSTIME,
-    )?;
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: at.as_secs() as libc::time_t,
+            tv_nsec: at.subsec_nanos() as libc::c_long,
+        },
+    };
+    // SAFETY: timerfd_settime reads one itimerspec through a valid pointer
+    // and may write none (old value pointer is null).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_timerfd_settime,
+            fd.as_fd().as_raw_fd(),
+            libc::TFD_TIMER_ABSTIME,
+            &spec as *const libc::itimerspec,
+            std::ptr::null_mut::<libc::itimerspec>(),
+        )
+    };
+    if rc != 0 {
+        return Err(nix::errno::Errno::last());
+    }
     Ok(fd)
 }
 

@@ -84,12 +84,26 @@ pub enum Waited<I> {
     Failed(StoreError),
 }
 
+/// Told what the elector sees, for status reporting (systemd, metrics).
+/// Every method has a no-op default.
+pub trait Observer {
+    /// A wait attempt found the lease held; `held` is who holds it, looked up
+    /// only when [`Observer::wants_holder`] says so.
+    fn waiting(&mut self, _held: Option<&LeaseInfo>) {}
+    fn wants_holder(&self) -> bool {
+        false
+    }
+    fn renewed(&mut self, _epoch: i64) {}
+    fn renew_failed(&mut self, _epoch: i64) {}
+}
+
 pub struct Elector<S, C> {
     pub store: S,
     clock: C,
     name: String,
     holder: String,
     timing: Timing,
+    observer: Option<Box<dyn Observer>>,
 }
 
 fn round_ms(d: Duration) -> Duration {
@@ -104,7 +118,12 @@ impl<S: Store, C: Clock> Elector<S, C> {
             name,
             holder,
             timing,
+            observer: None,
         }
+    }
+
+    pub fn observe(&mut self, o: Box<dyn Observer>) {
+        self.observer = Some(o);
     }
 
     pub fn clock(&self) -> &C {
@@ -182,8 +201,22 @@ impl<S: Store, C: Clock> Elector<S, C> {
                     return Waited::Held(info);
                 }
                 Ok(None) => {
+                    if let Some(o) = self.observer.as_mut() {
+                        let held = if o.wants_holder() {
+                            self.store
+                                .inspect(&self.name, self.timing.give_up)
+                                .await
+                                .ok()
+                                .flatten()
+                        } else {
+                            None
+                        };
+                        if let Some(o) = self.observer.as_mut() {
+                            o.waiting(held.as_ref());
+                        }
+                    }
                     if failing {
-                        tracing::info!("the store answers again");
+                        tracing::info!(event = "store_recovered", "the store answers again");
                         failing = false;
                     }
                     if !seen_held && tracing::enabled!(tracing::Level::INFO) {
@@ -191,7 +224,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
                         if let Ok(Some(info)) =
                             self.store.inspect(&self.name, self.timing.give_up).await
                         {
-                            tracing::info!("waiting: {}", describe_held(&info));
+                            tracing::info!(event = "waiting", "waiting: {}", describe_held(&info));
                         }
                     }
                 }
@@ -201,12 +234,13 @@ impl<S: Store, C: Clock> Elector<S, C> {
                     // One warning per outage, not one per retry.
                     if !failing {
                         tracing::warn!(
+                            event = "store_error",
                             "{e}; retrying every {}",
                             humantime::format_duration(self.timing.retry)
                         );
                         failing = true;
                     } else {
-                        tracing::debug!("{e}");
+                        tracing::debug!(event = "store_error", "{e}");
                     }
                 }
             }
@@ -263,14 +297,21 @@ impl<S: Store, C: Clock> Elector<S, C> {
             }
             match res {
                 Ok(true) => {
-                    tracing::debug!(epoch = lease.epoch, "renewed");
+                    tracing::debug!(event = "renewed", epoch = lease.epoch, "renewed");
+                    if let Some(o) = self.observer.as_mut() {
+                        o.renewed(lease.epoch);
+                    }
                     lease.sent = sent;
                     next = sent + t.renew;
                 }
                 Ok(false) => return lost(LossReason::Superseded),
                 Err(e) => {
+                    if let Some(o) = self.observer.as_mut() {
+                        o.renew_failed(lease.epoch);
+                    }
                     let left = deadline - now;
                     tracing::warn!(
+                        event = "renew_failed",
                         epoch = lease.epoch,
                         "renewal failed ({e}); giving up in {} unless a retry succeeds",
                         humantime::format_duration(round_ms(left))
@@ -321,9 +362,10 @@ impl<S: Store, C: Clock> Elector<S, C> {
         match res {
             Ok(true) => {
                 if keep.is_zero() {
-                    tracing::info!(epoch, "released");
+                    tracing::info!(event = "released", epoch, "released");
                 } else {
                     tracing::info!(
+                        event = "released",
                         epoch,
                         "released; kept for another {} (--min-hold)",
                         humantime::format_duration(round_ms(keep))
@@ -334,6 +376,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
             Ok(false) => false,
             Err(e) => {
                 tracing::warn!(
+                    event = "release_failed",
                     epoch,
                     "could not release ({e}); the lease will expire by itself"
                 );
@@ -349,7 +392,8 @@ pub fn describe_held(info: &LeaseInfo) -> String {
             "lease {} held by {h} (epoch {}) for another {}",
             info.name,
             info.epoch,
-            humantime::format_duration(Duration::from_millis(ms as u64))
+            // whole seconds, rounded up: a status line, not a measurement
+            humantime::format_duration(Duration::from_secs((ms as u64).div_ceil(1000)))
         ),
         (Some(h), _) => format!(
             "lease {} held by {h} (epoch {}), expired",

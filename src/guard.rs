@@ -67,7 +67,7 @@ impl Guard {
                 disarm: Some(write_end),
             }),
             Err(e) => {
-                tracing::warn!("cannot start the guard process ({e}); relying on the parent-death signal alone");
+                tracing::warn!(event = "guard_failed", "cannot start the guard process ({e}); relying on the parent-death signal alone");
                 None
             }
         }

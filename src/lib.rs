@@ -3,14 +3,17 @@
 //! The library is the whole program; `main.rs` only calls [`run::main_entry`].
 //! The elector and the stores are usable on their own.
 
+pub mod admin;
 pub mod cli;
 pub mod clock;
 pub mod elector;
 pub mod exit;
 pub mod guard;
+pub mod json;
 pub mod logging;
 pub mod names;
 pub mod redact;
+pub mod report;
 pub mod run;
 pub mod signals;
 pub mod store;

@@ -5,21 +5,144 @@
 //! renew trouble, a failure). `-v` adds the lifecycle (acquired, released,
 //! held by whom), which is what a systemd journal wants; `-vv` adds every
 //! renewal. `-q` keeps only errors.
+//!
+//! Every line carries a stable `event` name (documented in the README);
+//! `--log-format json` writes each as one JSON object with `time`, `level`,
+//! `event`, `name`, `epoch`, `holder` and `message`.
 
-use tracing::Level;
+use std::fmt;
+use std::sync::OnceLock;
 
-pub fn init(verbose: u8, quiet: bool) {
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+
+use crate::cli::LogFormat;
+use crate::json::{escape_into, Json};
+
+/// Lease name and holder id, the same for every line of one process.
+static CONTEXT: OnceLock<(String, String)> = OnceLock::new();
+
+pub fn set_context(name: &str, holder: &str) {
+    let _ = CONTEXT.set((name.to_string(), holder.to_string()));
+}
+
+pub fn init(verbose: u8, quiet: bool, format: LogFormat) {
     let level = match (quiet, verbose) {
         (true, _) => Level::ERROR,
         (false, 0) => Level::WARN,
         (false, 1) => Level::INFO,
         (false, _) => Level::DEBUG,
     };
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_max_level(level)
-        .with_target(false)
-        .with_ansi(ansi)
+        .event_format(Line {
+            json: format == LogFormat::Json,
+        })
         .try_init();
+}
+
+/// Keys every JSON line has; an event field of the same name is dropped.
+const STANDARD: [&str; 7] = [
+    "time", "level", "event", "name", "epoch", "holder", "message",
+];
+
+struct Line {
+    json: bool,
+}
+
+/// The fields of one event, collected.
+#[derive(Default)]
+struct Fields {
+    message: String,
+    event: Option<String>,
+    epoch: Option<i64>,
+    rest: Vec<(&'static str, String)>,
+}
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            "event" => self.event = Some(format!("{value:?}").trim_matches('"').to_string()),
+            other => self.rest.push((other, format!("{value:?}"))),
+        }
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match field.name() {
+            "message" => self.message = value.to_string(),
+            "event" => self.event = Some(value.to_string()),
+            other => self.rest.push((other, value.to_string())),
+        }
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        match field.name() {
+            "epoch" => self.epoch = Some(value),
+            other => self.rest.push((other, value.to_string())),
+        }
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.record_i64(field, i64::try_from(value).unwrap_or(i64::MAX));
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for Line
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut f = Fields::default();
+        event.record(&mut f);
+        let mut time = String::new();
+        SystemTime.format_time(&mut Writer::new(&mut time))?;
+        let level = event.metadata().level();
+        let (name, holder) = match CONTEXT.get() {
+            Some((n, h)) => (Some(n.as_str()), Some(h.as_str())),
+            None => (None, None),
+        };
+        if self.json {
+            let mut j = Json::new();
+            j.str("time", &time)
+                .str("level", &level.as_str().to_ascii_lowercase())
+                .str("event", f.event.as_deref().unwrap_or("log"))
+                .opt_str("name", name);
+            match f.epoch {
+                Some(e) => j.int("epoch", e),
+                None => j.opt_str("epoch", None),
+            };
+            j.opt_str("holder", holder).str("message", &f.message);
+            let mut line = j.finish();
+            // Extra fields (pid, …) go at the end, still flat.
+            if !f.rest.is_empty() {
+                line.pop();
+                for (k, v) in f.rest.iter().filter(|(k, _)| !STANDARD.contains(k)) {
+                    line.push(',');
+                    escape_into(&mut line, k);
+                    line.push(':');
+                    escape_into(&mut line, v);
+                }
+                line.push('}');
+            }
+            writeln!(w, "{line}")
+        } else {
+            write!(w, "{time} {level:>5} {}", f.message)?;
+            if let Some(e) = f.epoch {
+                write!(w, " epoch={e}")?;
+            }
+            for (k, v) in &f.rest {
+                write!(w, " {k}={v}")?;
+            }
+            writeln!(w)
+        }
+    }
 }

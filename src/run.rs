@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::cli::{one_line_error, Cli};
+use crate::cli::{one_line_error, Cli, Common, RunArgs};
 use crate::clock::{BootClock, Clock};
 use crate::elector::{describe_held, Elector, Lost, Waited};
-use crate::store::{AnyStore, StoreUrl};
+use crate::report::{self, Reporter};
+use crate::store::AnyStore;
 use crate::supervisor::{self, status_code};
 use crate::timing::{Timing, TimingArgs};
 use crate::{exit, logging, names, signals};
@@ -27,43 +28,37 @@ pub struct RunConfig {
     pub min_hold: Option<Duration>,
     pub conflict_exit_code: i32,
     pub command: Vec<OsString>,
+    pub metrics_file: Option<std::path::PathBuf>,
 }
 
 impl RunConfig {
     /// Usage errors come back as one line of text (exit 2).
-    pub fn from_cli(cli: Cli) -> Result<RunConfig, String> {
+    pub fn from_cli(common: Common, run: RunArgs) -> Result<RunConfig, String> {
         let timing = Timing::resolve(TimingArgs {
-            lease: cli.lease,
-            renew: cli.renew,
-            give_up: cli.give_up,
-            kill_after: cli.kill_after,
-            retry: cli.retry,
+            lease: run.lease,
+            renew: run.renew,
+            give_up: run.give_up,
+            kill_after: run.kill_after,
+            retry: run.retry,
         })
         .map_err(|e| e.to_string())?;
-        let url = cli
-            .store
-            .filter(|s| !s.is_empty())
-            .or_else(|| std::env::var("DATABASE_URL").ok().filter(|s| !s.is_empty()));
-        let url = match url {
-            Some(u) => StoreUrl::parse(&u).map_err(|e| e.to_string())?,
-            None => StoreUrl::Sqlite(crate::store::sqlite::default_path()?),
-        };
-        let mut app_name = format!("leaderrun {}", cli.name);
-        app_name.truncate(63);
-        let store = AnyStore::open(&url, &app_name, timing.give_up)?;
-        if cli.command.first().is_none_or(|c| c.is_empty()) {
+        let name = run.name.ok_or("--name is required")?;
+        let store =
+            crate::store::resolve(common.store, &format!("leaderrun {name}"), timing.give_up)?;
+        if run.command.first().is_none_or(|c| c.is_empty()) {
             return Err("the command after -- must not be empty".into());
         }
         Ok(RunConfig {
-            name: cli.name,
-            holder: cli.holder.unwrap_or_else(names::default_holder),
+            holder: run.holder.unwrap_or_else(names::default_holder),
+            name,
             timing,
             store,
-            wait: cli.wait,
-            timeout: cli.timeout,
-            min_hold: cli.min_hold,
-            conflict_exit_code: i32::from(cli.conflict_exit_code),
-            command: cli.command,
+            wait: run.wait,
+            timeout: run.timeout,
+            min_hold: run.min_hold,
+            conflict_exit_code: i32::from(run.conflict_exit_code),
+            command: run.command,
+            metrics_file: run.metrics_file,
         })
     }
 }
@@ -82,16 +77,12 @@ pub fn main_entry() -> i32 {
             return exit::USAGE;
         }
     };
-    logging::init(cli.verbose, cli.quiet);
-    let cfg = match RunConfig::from_cli(cli) {
-        Ok(c) => c,
-        Err(msg) => {
-            eprintln!("leaderrun: error: {msg}");
-            return exit::USAGE;
-        }
-    };
-    // One thread: the child's parent-death signal is tied to the thread that
-    // spawned it (see supervisor.rs), and the main thread lives longest.
+    let Cli {
+        admin,
+        common,
+        run: run_args,
+    } = cli;
+    logging::init(common.verbose, common.quiet, common.log_format);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -102,6 +93,19 @@ pub fn main_entry() -> i32 {
             return exit::FAILURE;
         }
     };
+    if let Some(cmd) = admin {
+        return rt.block_on(crate::admin::run(cmd, common));
+    }
+    let cfg = match RunConfig::from_cli(common, run_args) {
+        Ok(c) => c,
+        Err(msg) => {
+            eprintln!("leaderrun: error: {msg}");
+            return exit::USAGE;
+        }
+    };
+    logging::set_context(&cfg.name, &cfg.holder);
+    // One thread: the child's parent-death signal is tied to the thread that
+    // spawned it (see supervisor.rs), and the main thread lives longest.
     rt.block_on(run(cfg))
 }
 
@@ -114,19 +118,30 @@ pub async fn run(cfg: RunConfig) -> i32 {
     let mut signals = match signals::listen() {
         Ok(rx) => rx,
         Err(e) => {
-            tracing::error!("cannot install signal handlers: {e}");
+            tracing::error!(
+                event = "startup_failed",
+                "cannot install signal handlers: {e}"
+            );
             return exit::FAILURE;
         }
     };
     if let Err(e) = supervisor::check_command(&cfg.command) {
-        tracing::error!("{e}");
+        tracing::error!(event = "spawn_failed", "{e}");
         return e.exit_code();
     }
     let clock = BootClock;
     let t = cfg.timing;
     let name = cfg.name.clone();
-    tracing::info!("store {}; holder {}", cfg.store.describe(), cfg.holder);
+    tracing::info!(
+        event = "store",
+        "store {}; holder {}",
+        cfg.store.describe(),
+        cfg.holder
+    );
     let mut elector = Elector::new(cfg.store, clock, cfg.name, cfg.holder.clone(), t);
+    let report = Reporter::new(&name, cfg.metrics_file.clone()).shared();
+    elector.observe(Box::new(report::Shared(report.clone())));
+    report.borrow_mut().starting();
 
     let mut lease = match elector
         .wait_for_lease(cfg.wait, cfg.timeout, &mut signals)
@@ -135,29 +150,45 @@ pub async fn run(cfg: RunConfig) -> i32 {
         Waited::Acquired(l) => l,
         Waited::Held(info) => {
             match info {
-                Some(i) => tracing::info!("{}; not running the command", describe_held(&i)),
-                None => tracing::info!("lease {name} is held elsewhere; not running the command"),
+                Some(i) => tracing::info!(
+                    event = "held",
+                    "{}; not running the command",
+                    describe_held(&i)
+                ),
+                None => tracing::info!(
+                    event = "held",
+                    "lease {name} is held elsewhere; not running the command"
+                ),
             }
             return cfg.conflict_exit_code;
         }
         Waited::TimedOut => {
             let waited = cfg.timeout.unwrap_or_default();
             tracing::warn!(
+                event = "timeout",
                 "--timeout ({}) passed without leading {name}",
                 humantime::format_duration(waited)
             );
             return exit::TIMEOUT;
         }
         Waited::Interrupted(sig) => {
-            tracing::info!("{sig} while waiting for lease {name}; the command was not started");
+            tracing::info!(
+                event = "interrupted",
+                "{sig} while waiting for lease {name}; the command was not started"
+            );
             return exit::for_signal(sig as i32);
         }
         Waited::Failed(e) => {
-            tracing::error!("{e}");
+            tracing::error!(event = "store_error", "{e}");
             return exit::FAILURE;
         }
     };
-    tracing::info!(epoch = lease.epoch, holder = %cfg.holder, "acquired lease {name}");
+    tracing::info!(
+        event = "acquired",
+        epoch = lease.epoch,
+        "acquired lease {name}"
+    );
+    report.borrow_mut().acquired(lease.epoch);
 
     let env = [
         ("LEASE_EPOCH", lease.epoch.to_string()),
@@ -167,12 +198,12 @@ pub async fn run(cfg: RunConfig) -> i32 {
     let mut child = match supervisor::spawn(&cfg.command, &env) {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!("{e}");
+            tracing::error!(event = "spawn_failed", "{e}");
             elector.release(&lease, None).await;
             return e.exit_code();
         }
     };
-    tracing::debug!(pid = child.pid(), "started the command");
+    tracing::debug!(event = "started", pid = child.pid(), "started the command");
 
     let end = {
         let hold = elector.hold(&mut lease);
@@ -183,7 +214,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
                 lost = &mut hold => break End::Lost(lost),
                 st = child.wait() => break End::Exited(st),
                 Some(sig) = signals.recv() => {
-                    tracing::info!("passing {sig} to the command's process group");
+                    tracing::info!(event = "signal", "passing {sig} to the command's process group");
                     child.signal(sig);
                 }
             }
@@ -197,19 +228,27 @@ pub async fn run(cfg: RunConfig) -> i32 {
             let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
             child.sweep_group(&clock, kill_at).await;
             let code = status_code(st);
-            tracing::info!(epoch = lease.epoch, "command exited with status {code}");
+            tracing::info!(
+                event = "exited",
+                epoch = lease.epoch,
+                "command exited with status {code}"
+            );
             elector.release(&lease, cfg.min_hold).await;
+            report.borrow_mut().released();
             code
         }
         End::Lost(lost) => {
             tracing::warn!(
+                event = "lost",
                 epoch = lease.epoch,
                 "lost lease {name}: {}; stopping the command",
                 lost.reason
             );
+            report.borrow_mut().lost();
             let kill_at = (clock.now() + t.kill_after).min(lost.deadline + t.kill_after);
             let st = child.stop(&clock, kill_at, &mut signals).await;
             tracing::warn!(
+                event = "stopped",
                 epoch = lease.epoch,
                 "command stopped (status {}); exiting 75",
                 status_code(st)

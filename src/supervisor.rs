@@ -116,6 +116,9 @@ pub fn spawn(argv: &[OsString], env: &[(&str, String)]) -> Result<Child, SpawnEr
     for (k, v) in env {
         cmd.env(k, v);
     }
+    // leaderrun speaks to systemd for the unit; the child must not (its
+    // READY=1 would be taken as leaderrun's under NotifyAccess=all).
+    cmd.env_remove("NOTIFY_SOCKET");
     let parent = nix::unistd::getpid();
     // SAFETY: the closure runs between fork and exec in the child and calls
     // only async-signal-safe functions (prctl, getppid, sigaction,
@@ -177,7 +180,11 @@ impl Child {
     pub fn signal(&self, sig: Signal) {
         match killpg(self.pgid, sig) {
             Ok(()) | Err(Errno::ESRCH) => {}
-            Err(e) => tracing::warn!("cannot send {sig} to process group {}: {e}", self.pgid),
+            Err(e) => tracing::warn!(
+                event = "signal_failed",
+                "cannot send {sig} to process group {}: {e}",
+                self.pgid
+            ),
         }
     }
 
@@ -188,7 +195,7 @@ impl Child {
                 Ok(st) => return st,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    tracing::error!("cannot wait for the child: {e}");
+                    tracing::error!(event = "wait_failed", "cannot wait for the child: {e}");
                     return ExitStatus::from_raw(exit::FAILURE << 8);
                 }
             }
@@ -213,7 +220,7 @@ impl Child {
                     return st;
                 }
                 _ = clock.sleep_until(kill_at), if !killed => {
-                    tracing::warn!(pid = self.pid(), "child still running at the kill deadline: SIGKILL to its process group");
+                    tracing::warn!(event = "kill", pid = self.pid(), "child still running at the kill deadline: SIGKILL to its process group");
                     self.signal(Signal::SIGKILL);
                     killed = true;
                 }
@@ -230,6 +237,7 @@ impl Child {
             return;
         }
         tracing::warn!(
+            event = "group_swept",
             pgid = self.pgid.as_raw(),
             "the child left processes in its group; stopping them"
         );

@@ -88,6 +88,31 @@ pub trait Store {
     ) -> impl std::future::Future<Output = Result<Option<LeaseInfo>, StoreError>>;
 }
 
+/// What operators need beyond the lease loop (the subcommands).
+pub trait StoreAdmin {
+    /// Create the lease table when missing (connecting does).
+    fn init(
+        &mut self,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>>;
+    /// Every lease, by name.
+    fn list(
+        &mut self,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<Vec<LeaseInfo>, StoreError>>;
+    /// Clear the holder (optionally only at `epoch`); the lease is free at
+    /// once and the next acquisition still raises the epoch. Returns the
+    /// lease as it was, or `None` when there was nothing to clear.
+    fn clear(
+        &mut self,
+        name: &str,
+        epoch: Option<i64>,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<Option<LeaseInfo>, StoreError>>;
+    /// The SQL that creates the table, for `init --print`.
+    fn table_sql(&self) -> &'static str;
+}
+
 /// The store a URL names, opened lazily (the first call connects).
 pub enum AnyStore {
     Postgres(Box<postgres::PgStore>),
@@ -204,6 +229,57 @@ impl Store for AnyStore {
             AnyStore::Sqlite(s) => s.inspect(name, timeout).await,
         }
     }
+}
+
+impl StoreAdmin for AnyStore {
+    async fn init(&mut self, timeout: Duration) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Postgres(s) => s.init(timeout).await,
+            AnyStore::Sqlite(s) => s.init(timeout).await,
+        }
+    }
+    async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
+        match self {
+            AnyStore::Postgres(s) => s.list(timeout).await,
+            AnyStore::Sqlite(s) => s.list(timeout).await,
+        }
+    }
+    async fn clear(
+        &mut self,
+        name: &str,
+        epoch: Option<i64>,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        match self {
+            AnyStore::Postgres(s) => s.clear(name, epoch, timeout).await,
+            AnyStore::Sqlite(s) => s.clear(name, epoch, timeout).await,
+        }
+    }
+    fn table_sql(&self) -> &'static str {
+        match self {
+            AnyStore::Postgres(s) => s.table_sql(),
+            AnyStore::Sqlite(s) => s.table_sql(),
+        }
+    }
+}
+
+/// The store for a `--store` value (or `DATABASE_URL`, or the embedded
+/// default). Errors are usage errors (exit 2).
+pub fn resolve(
+    store: Option<String>,
+    app_name: &str,
+    call_timeout: Duration,
+) -> Result<AnyStore, String> {
+    let url = store
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("DATABASE_URL").ok().filter(|s| !s.is_empty()));
+    let url = match url {
+        Some(u) => StoreUrl::parse(&u).map_err(|e| e.to_string())?,
+        None => StoreUrl::Sqlite(sqlite::default_path()?),
+    };
+    let mut app_name = app_name.to_string();
+    app_name.truncate(63);
+    AnyStore::open(&url, &app_name, call_timeout)
 }
 
 /// Milliseconds for the store, refusing what does not fit (never panics).

@@ -27,7 +27,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{millis, LeaseInfo, Store, StoreError};
+use super::{millis, LeaseInfo, Store, StoreAdmin, StoreError};
 use crate::redact::Redacted;
 
 pub const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
@@ -58,9 +58,15 @@ const RELEASE_SQL: &str = "UPDATE leader_lease
             expires_at = now() + make_interval(secs => $4::float8 / 1000)
       WHERE name = $1 AND holder = $2 AND epoch = $3";
 
-const INSPECT_SQL: &str = "SELECT name, holder, epoch,
-        (extract(epoch FROM (greatest(expires_at, now() - interval '100 years') - now())) * 1000)::bigint
-       FROM leader_lease WHERE name = $1";
+const COLUMNS: &str = "name, holder, epoch,
+        (extract(epoch FROM (greatest(expires_at, now() - interval '100 years') - now())) * 1000)::bigint";
+
+// The row is locked and read as it was, then cleared; `epoch` is untouched.
+const CLEAR_SQL: &str = "UPDATE leader_lease l SET holder = NULL, expires_at = now()
+       FROM (SELECT name, holder, expires_at FROM leader_lease WHERE name = $1 FOR UPDATE) old
+      WHERE l.name = old.name AND l.holder IS NOT NULL AND ($2::bigint IS NULL OR l.epoch = $2)
+     RETURNING l.name, old.holder, l.epoch,
+        (extract(epoch FROM (greatest(old.expires_at, now() - interval '100 years') - now())) * 1000)::bigint";
 
 /// A query borrowed from the call site, run on a connection it lends.
 type BoxFut<'c, T> =
@@ -306,21 +312,64 @@ impl Store for PgStore {
         let name = name.to_string();
         self.call(timeout, "cannot read", move |c| {
             Box::pin(async move {
-                let row = sqlx::query(INSPECT_SQL)
-                    .bind(name)
-                    .fetch_optional(c)
-                    .await?;
-                row.map(|r| {
-                    Ok(LeaseInfo {
-                        name: r.try_get(0)?,
-                        holder: r.try_get(1)?,
-                        epoch: r.try_get(2)?,
-                        expires_in_ms: r.try_get(3)?,
-                    })
-                })
-                .transpose()
+                let sql = format!("SELECT {COLUMNS} FROM leader_lease WHERE name = $1");
+                let row = sqlx::query(&sql).bind(name).fetch_optional(c).await?;
+                row.map(|r| lease_info(&r)).transpose()
             })
         })
         .await
+    }
+}
+
+fn lease_info(r: &sqlx::postgres::PgRow) -> Result<LeaseInfo, sqlx::Error> {
+    Ok(LeaseInfo {
+        name: r.try_get(0)?,
+        holder: r.try_get(1)?,
+        epoch: r.try_get(2)?,
+        expires_in_ms: r.try_get(3)?,
+    })
+}
+
+impl StoreAdmin for PgStore {
+    async fn init(&mut self, timeout: Duration) -> Result<(), StoreError> {
+        self.table_checked = false;
+        self.conn = None;
+        self.call(timeout, "cannot use", |_| Box::pin(async { Ok(()) }))
+            .await
+    }
+
+    async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
+        self.call(timeout, "cannot read", |c| {
+            Box::pin(async move {
+                let sql = format!("SELECT {COLUMNS} FROM leader_lease ORDER BY name");
+                let rows = sqlx::query(&sql).fetch_all(c).await?;
+                rows.iter().map(lease_info).collect()
+            })
+        })
+        .await
+    }
+
+    async fn clear(
+        &mut self,
+        name: &str,
+        epoch: Option<i64>,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        let name = name.to_string();
+        self.call(timeout, "cannot release in", move |c| {
+            Box::pin(async move {
+                let row = sqlx::query(CLEAR_SQL)
+                    .bind(name)
+                    .bind(epoch)
+                    .fetch_optional(c)
+                    .await?;
+                row.map(|r| lease_info(&r)).transpose()
+            })
+        })
+        .await
+    }
+
+    fn table_sql(&self) -> &'static str {
+        TABLE_SQL
     }
 }

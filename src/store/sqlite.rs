@@ -24,7 +24,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{millis, LeaseInfo, Store, StoreError};
+use super::{millis, LeaseInfo, Store, StoreAdmin, StoreError};
 use crate::clock::{BootClock, Clock};
 
 const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
@@ -54,10 +54,9 @@ const RELEASE_SQL: &str = "UPDATE leader_lease
         SET holder = CASE WHEN ?5 > 0 THEN holder END, expires_at = ?4 + ?5
       WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6";
 
-// ?1 name, ?2 now, ?3 boot id
-const INSPECT_SQL: &str = "SELECT name, holder, epoch,
-        CASE WHEN boot_id = ?3 THEN expires_at - ?2 ELSE -1 END
-       FROM leader_lease WHERE name = ?1";
+// ?1 now, ?2 boot id; a lease from another boot has expired.
+const COLUMNS: &str =
+    "name, holder, epoch, CASE WHEN boot_id = ?2 THEN expires_at - ?1 ELSE -1 END";
 
 pub struct SqliteStore {
     path: PathBuf,
@@ -320,23 +319,82 @@ impl Store for SqliteStore {
         let name = name.to_string();
         self.write(timeout, "cannot read", move |c, now, boot| {
             Box::pin(async move {
-                let row = sqlx::query(INSPECT_SQL)
-                    .bind(name)
+                let sql = format!("SELECT {COLUMNS} FROM leader_lease WHERE name = ?3");
+                let row = sqlx::query(&sql)
                     .bind(now)
                     .bind(boot)
+                    .bind(name)
                     .fetch_optional(c)
                     .await?;
-                row.map(|r| {
-                    Ok(LeaseInfo {
-                        name: r.try_get(0)?,
-                        holder: r.try_get(1)?,
-                        epoch: r.try_get(2)?,
-                        expires_in_ms: r.try_get(3)?,
-                    })
-                })
-                .transpose()
+                row.map(|r| lease_info(&r)).transpose()
             })
         })
         .await
+    }
+}
+
+fn lease_info(r: &sqlx::sqlite::SqliteRow) -> Result<LeaseInfo, sqlx::Error> {
+    Ok(LeaseInfo {
+        name: r.try_get(0)?,
+        holder: r.try_get(1)?,
+        epoch: r.try_get(2)?,
+        expires_in_ms: r.try_get(3)?,
+    })
+}
+
+impl StoreAdmin for SqliteStore {
+    async fn init(&mut self, timeout: Duration) -> Result<(), StoreError> {
+        self.write(timeout, "cannot use", |_, _, _| Box::pin(async { Ok(()) }))
+            .await
+    }
+
+    async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
+        self.write(timeout, "cannot read", |c, now, boot| {
+            Box::pin(async move {
+                let sql = format!("SELECT {COLUMNS} FROM leader_lease ORDER BY name");
+                let rows = sqlx::query(&sql).bind(now).bind(boot).fetch_all(c).await?;
+                rows.iter().map(lease_info).collect()
+            })
+        })
+        .await
+    }
+
+    async fn clear(
+        &mut self,
+        name: &str,
+        epoch: Option<i64>,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        let name = name.to_string();
+        self.write(timeout, "cannot release in", move |c, now, boot| {
+            Box::pin(async move {
+                let sql = format!(
+                    "SELECT {COLUMNS} FROM leader_lease WHERE name = ?3 AND holder IS NOT NULL \
+                     AND (?4 IS NULL OR epoch = ?4)"
+                );
+                let row = sqlx::query(&sql)
+                    .bind(now)
+                    .bind(boot)
+                    .bind(&name)
+                    .bind(epoch)
+                    .fetch_optional(&mut *c)
+                    .await?;
+                let Some(row) = row else { return Ok(None) };
+                let before = lease_info(&row)?;
+                sqlx::query(
+                    "UPDATE leader_lease SET holder = NULL, expires_at = ?2 WHERE name = ?1",
+                )
+                .bind(&name)
+                .bind(now)
+                .execute(&mut *c)
+                .await?;
+                Ok(Some(before))
+            })
+        })
+        .await
+    }
+
+    fn table_sql(&self) -> &'static str {
+        TABLE_SQL
     }
 }

@@ -1,0 +1,227 @@
+//! Status for the long-running standby pattern: systemd's notify protocol
+//! and a Prometheus metrics file.
+//!
+//! With `NOTIFY_SOCKET` set (a `Type=notify` unit), leaderrun sends
+//! `READY=1` once it has contended for the first time, and keeps `STATUS=`
+//! current: "waiting; held by host-b:812 (epoch 7) for another 9s",
+//! "leading, epoch 7", "lost lease; stopping the command". With
+//! `--metrics-file` it rewrites that file (write, then rename: readers never
+//! see half a file) on every change.
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::os::unix::net::UnixDatagram;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::elector::{describe_held, Observer};
+use crate::store::LeaseInfo;
+
+pub struct Reporter {
+    name: String,
+    notify: Option<UnixDatagram>,
+    ready_sent: bool,
+    metrics: Option<PathBuf>,
+    leading: bool,
+    epoch: i64,
+    changes: u64,
+    renew_failures: u64,
+    last_renewal: Option<SystemTime>,
+    last_status: String,
+}
+
+/// Connect to `$NOTIFY_SOCKET`: a path, or `@name` for the abstract namespace.
+fn notify_socket() -> Option<UnixDatagram> {
+    let addr = std::env::var_os("NOTIFY_SOCKET")?;
+    let addr = addr.to_str()?;
+    let sock = UnixDatagram::unbound().ok()?;
+    let res = if let Some(abs) = addr.strip_prefix('@') {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(abs.as_bytes())
+            .and_then(|a| sock.connect_addr(&a))
+    } else {
+        sock.connect(addr)
+    };
+    match res {
+        Ok(()) => Some(sock),
+        Err(e) => {
+            tracing::warn!(
+                event = "notify_failed",
+                "cannot reach NOTIFY_SOCKET {addr}: {e}"
+            );
+            None
+        }
+    }
+}
+
+impl Reporter {
+    pub fn new(name: &str, metrics: Option<PathBuf>) -> Reporter {
+        Reporter {
+            name: name.to_string(),
+            notify: notify_socket(),
+            ready_sent: false,
+            metrics,
+            leading: false,
+            epoch: 0,
+            changes: 0,
+            renew_failures: 0,
+            last_renewal: None,
+            last_status: String::new(),
+        }
+    }
+
+    pub fn shared(self) -> Rc<RefCell<Reporter>> {
+        Rc::new(RefCell::new(self))
+    }
+
+    fn send(&self, msg: &str) {
+        if let Some(s) = &self.notify {
+            if let Err(e) = s.send(msg.as_bytes()) {
+                tracing::debug!(event = "notify_failed", "NOTIFY_SOCKET: {e}");
+            }
+        }
+    }
+
+    fn status(&mut self, text: String) {
+        if text != self.last_status {
+            let ready = if self.ready_sent { "" } else { "READY=1\n" };
+            self.send(&format!("{ready}STATUS={text}"));
+            self.ready_sent = true;
+            self.last_status = text;
+        }
+        self.write_metrics();
+    }
+
+    /// Tell systemd the service is up: contending is its normal state, even
+    /// while the store cannot be reached yet.
+    pub fn starting(&mut self) {
+        self.status(format!("contending for lease {}", self.name));
+    }
+
+    pub fn acquired(&mut self, epoch: i64) {
+        self.leading = true;
+        self.epoch = epoch;
+        self.changes += 1;
+        self.last_renewal = Some(SystemTime::now());
+        self.status(format!("leading, epoch {epoch}"));
+    }
+
+    pub fn lost(&mut self) {
+        self.leading = false;
+        self.changes += 1;
+        self.status(format!(
+            "lost lease (epoch {}); stopping the command",
+            self.epoch
+        ));
+    }
+
+    pub fn released(&mut self) {
+        if self.leading {
+            self.leading = false;
+            self.changes += 1;
+        }
+        self.send("STOPPING=1");
+        self.status(format!(
+            "command finished; lease released (epoch {})",
+            self.epoch
+        ));
+    }
+
+    fn write_metrics(&self) {
+        let Some(path) = &self.metrics else { return };
+        let l = format!("{{name=\"{}\"}}", self.name);
+        let mut m = String::new();
+        let mut metric = |name: &str, help: &str, kind: &str, value: String| {
+            let _ = writeln!(m, "# HELP leaderrun_{name} {help}\n# TYPE leaderrun_{name} {kind}\nleaderrun_{name}{l} {value}");
+        };
+        metric(
+            "leading",
+            "1 while this process holds the lease.",
+            "gauge",
+            u8::from(self.leading).to_string(),
+        );
+        metric(
+            "epoch",
+            "Epoch (fencing token) of the lease this process last held.",
+            "gauge",
+            self.epoch.to_string(),
+        );
+        metric(
+            "leader_changes_total",
+            "Times this process became or stopped being the leader.",
+            "counter",
+            self.changes.to_string(),
+        );
+        metric(
+            "renew_failures_total",
+            "Renewals that failed (the store did not answer in time, or errored).",
+            "counter",
+            self.renew_failures.to_string(),
+        );
+        let (since, at) = match self.last_renewal {
+            Some(t) => (
+                SystemTime::now()
+                    .duration_since(t)
+                    .unwrap_or(Duration::ZERO)
+                    .as_secs_f64()
+                    .to_string(),
+                t.duration_since(UNIX_EPOCH)
+                    .unwrap_or(Duration::ZERO)
+                    .as_secs_f64()
+                    .to_string(),
+            ),
+            None => ("NaN".into(), "NaN".into()),
+        };
+        metric(
+            "seconds_since_last_renewal",
+            "Seconds since the last successful acquisition or renewal, when written.",
+            "gauge",
+            since,
+        );
+        metric(
+            "last_renewal_timestamp_seconds",
+            "Unix time of the last successful acquisition or renewal.",
+            "gauge",
+            at,
+        );
+        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+        let res = std::fs::write(&tmp, m).and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = res {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::warn!(
+                event = "metrics_failed",
+                "cannot write {}: {e}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// The elector's view, forwarded to a shared [`Reporter`].
+pub struct Shared(pub Rc<RefCell<Reporter>>);
+
+impl Observer for Shared {
+    fn wants_holder(&self) -> bool {
+        self.0.borrow().notify.is_some()
+    }
+    fn waiting(&mut self, held: Option<&LeaseInfo>) {
+        let text = match held {
+            Some(info) => format!("waiting; {}", describe_held(info)),
+            None => "waiting; the lease is held elsewhere".into(),
+        };
+        let mut r = self.0.borrow_mut();
+        r.leading = false;
+        r.status(text);
+    }
+    fn renewed(&mut self, _epoch: i64) {
+        let mut r = self.0.borrow_mut();
+        r.last_renewal = Some(SystemTime::now());
+        r.write_metrics();
+    }
+    fn renew_failed(&mut self, _epoch: i64) {
+        let mut r = self.0.borrow_mut();
+        r.renew_failures += 1;
+        r.write_metrics();
+    }
+}
