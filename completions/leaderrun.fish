@@ -1,0 +1,86 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_leaderrun_global_optspecs
+    string join \n s/store= v/verbose q/quiet log-format= n/name= lease= renew= give-up= kill-after= wait timeout= retry= min-hold= holder= conflict-exit-code= metrics-file= h/help V/version
+end
+
+function __fish_leaderrun_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_leaderrun_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_leaderrun_using_subcommand
+    set -l cmd (__fish_leaderrun_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s s -l store -d 'Store URL: postgres://user:pass@host/db or sqlite://PATH [default: DATABASE_URL, then the embedded single-host store]' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
+json\t''"
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s n -l name -d 'Lease name: 1-128 of A-Z a-z 0-9 . _ - (not starting with - or .)' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l lease -d 'Lease length L [default: 15s]' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l renew -d 'Renew interval R [default: L/3]' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l give-up -d 'Stop the command when no renewal succeeded for this long, G [default: 2L/3]' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l kill-after -d 'Grace between SIGTERM and SIGKILL, K [default: (L-G)/2]' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l timeout -d 'With --wait: stop waiting after this long (exit 124)' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l retry -d 'How often a waiting contender tries, P [default: 2s]' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l min-hold -d 'Keep the lease at least this long after acquiring it' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l holder -d 'Holder id [default: <hostname>:<pid>:<random>]; must be unique per process' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l conflict-exit-code -d 'Exit status when the lease is held elsewhere' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l metrics-file -d 'Write Prometheus metrics to this file (atomically replaced)' -r -F
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s q -l quiet -d 'Only errors'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l wait -d 'Contend until leading (default: try once, skip if held)'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s V -l version -d 'Print version'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "status" -d 'Show holder, epoch and time to expiry (by the store\'s clock) of one lease or all'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "release" -d 'Clear a lease whose holder is gone; the next holder still gets a higher epoch'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "check" -d 'Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "init" -d 'Create the lease table, or print its SQL with --print'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s n -l name -d 'Only this lease' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s s -l store -d 'Store URL: postgres://user:pass@host/db or sqlite://PATH [default: DATABASE_URL, then the embedded single-host store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
+json\t''"
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l json -d 'One JSON object per lease (an array without --name)'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s q -l quiet -d 'Only errors'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s h -l help -d 'Print help'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s n -l name -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l epoch -d 'Only if the lease is still at this epoch (what `status` showed)' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s s -l store -d 'Store URL: postgres://user:pass@host/db or sqlite://PATH [default: DATABASE_URL, then the embedded single-host store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
+json\t''"
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s q -l quiet -d 'Only errors'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s h -l help -d 'Print help'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s n -l name -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s e -l epoch -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s s -l store -d 'Store URL: postgres://user:pass@host/db or sqlite://PATH [default: DATABASE_URL, then the embedded single-host store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
+json\t''"
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s q -l quiet -d 'Only errors'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s h -l help -d 'Print help'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s s -l store -d 'Store URL: postgres://user:pass@host/db or sqlite://PATH [default: DATABASE_URL, then the embedded single-host store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
+json\t''"
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -l print -d 'Print the SQL instead of running it'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s q -l quiet -d 'Only errors'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s h -l help -d 'Print help'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "status" -d 'Show holder, epoch and time to expiry (by the store\'s clock) of one lease or all'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "release" -d 'Clear a lease whose holder is gone; the next holder still gets a higher epoch'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "check" -d 'Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "init" -d 'Create the lease table, or print its SQL with --print'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
