@@ -3,6 +3,8 @@
 //! to the machine's shared services.
 #![allow(dead_code, unused_imports)]
 
+pub mod chaos_child;
+pub mod checker;
 pub mod pg;
 pub mod proxy;
 

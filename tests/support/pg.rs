@@ -243,6 +243,9 @@ impl Pg {
                 .stdout(log.try_clone().expect("log"))
                 .stderr(log);
             as_owner(&mut cmd, self.owner);
+            // Its own process group, so the whole server (postmaster and
+            // backends) can be frozen at once.
+            cmd.process_group(0);
             // SAFETY: prctl only; the server must not outlive a killed test.
             unsafe {
                 cmd.pre_exec(|| {
@@ -274,12 +277,25 @@ impl Pg {
 
     /// Stop the server at once, like a crash (`-m immediate`).
     pub fn crash(&mut self) {
+        self.freeze(false);
         if let Some(mut c) = self.server.take() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(c.id() as i32),
                 nix::sys::signal::Signal::SIGQUIT,
             );
             let _ = c.wait();
+        }
+    }
+
+    /// Freeze (SIGSTOP) or thaw (SIGCONT) the whole server.
+    pub fn freeze(&self, frozen: bool) {
+        if let Some(c) = &self.server {
+            let sig = if frozen {
+                nix::sys::signal::Signal::SIGSTOP
+            } else {
+                nix::sys::signal::Signal::SIGCONT
+            };
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(c.id() as i32), sig);
         }
     }
 
@@ -294,7 +310,7 @@ impl Pg {
         format!("postgres://postgres:{PASSWORD}@127.0.0.1:{port}/postgres?sslmode=disable")
     }
 
-    fn try_sql(&self, sql: &str) -> Result<String, String> {
+    pub fn try_sql(&self, sql: &str) -> Result<String, String> {
         let out = Command::new(self.bin.join("psql"))
             .args([
                 "-X",
