@@ -189,43 +189,27 @@ impl<S: Store, C: Clock> Elector<S, C> {
             match res {
                 Ok(Some(lease)) => return Waited::Acquired(lease),
                 Ok(None) if !wait => {
-                    let info = if tracing::enabled!(tracing::Level::INFO) {
-                        self.store
-                            .inspect(&self.name, self.timing.give_up)
-                            .await
-                            .ok()
-                            .flatten()
-                    } else {
-                        None
-                    };
+                    let info = self
+                        .who_holds(tracing::enabled!(tracing::Level::INFO))
+                        .await;
                     return Waited::Held(info);
                 }
                 Ok(None) => {
-                    if let Some(o) = self.observer.as_mut() {
-                        let held = if o.wants_holder() {
-                            self.store
-                                .inspect(&self.name, self.timing.give_up)
-                                .await
-                                .ok()
-                                .flatten()
-                        } else {
-                            None
-                        };
-                        if let Some(o) = self.observer.as_mut() {
-                            o.waiting(held.as_ref());
+                    let log_it = !seen_held && tracing::enabled!(tracing::Level::INFO);
+                    let wanted = self.observer.as_ref().is_some_and(|o| o.wants_holder());
+                    let held = self.who_holds(log_it || wanted).await;
+                    if log_it {
+                        seen_held = true;
+                        if let Some(info) = &held {
+                            tracing::info!(event = "waiting", "waiting: {}", describe_held(info));
                         }
+                    }
+                    if let Some(o) = self.observer.as_mut() {
+                        o.waiting(held.as_ref());
                     }
                     if failing {
                         tracing::info!(event = "store_recovered", "the store answers again");
                         failing = false;
-                    }
-                    if !seen_held && tracing::enabled!(tracing::Level::INFO) {
-                        seen_held = true;
-                        if let Ok(Some(info)) =
-                            self.store.inspect(&self.name, self.timing.give_up).await
-                        {
-                            tracing::info!(event = "waiting", "waiting: {}", describe_held(&info));
-                        }
                     }
                 }
                 Err(e @ StoreError::Fatal(_)) => return Waited::Failed(e),
@@ -322,6 +306,19 @@ impl<S: Store, C: Clock> Elector<S, C> {
                 }
             }
         }
+    }
+
+    /// Who holds the lease, when someone wants to know (a status line, a log
+    /// line); lookup failures are not worth reporting here.
+    async fn who_holds(&mut self, wanted: bool) -> Option<LeaseInfo> {
+        if !wanted {
+            return None;
+        }
+        self.store
+            .inspect(&self.name, self.timing.give_up)
+            .await
+            .ok()
+            .flatten()
     }
 
     fn late_or_gave_up(&self, deadline: Stamp) -> LossReason {

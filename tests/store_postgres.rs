@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use leaderrun::store::postgres::PgStore;
 use leaderrun::store::{Store, StoreError};
-use support::{Pg, Proxy};
+use support::{join_all, Pg, Proxy};
 
 const L: Duration = Duration::from_secs(5);
 const T: Duration = Duration::from_secs(5);
@@ -128,10 +128,16 @@ fn racing_acquires_have_one_winner() {
             s.inspect("warmup", T).await.unwrap();
         }
         for round in 1..=5i64 {
-            let futs = stores.iter_mut().enumerate().map(|(i, s)| async move {
-                s.acquire("race", &format!("c{i}"), L, T).await.unwrap()
-            });
-            let won: Vec<i64> = futures_join(futs).await.into_iter().flatten().collect();
+            let futs: Vec<_> = stores
+                .iter_mut()
+                .enumerate()
+                .map(|(i, s)| {
+                    Box::pin(
+                        async move { s.acquire("race", &format!("c{i}"), L, T).await.unwrap() },
+                    )
+                })
+                .collect();
+            let won: Vec<i64> = join_all(futs).await.into_iter().flatten().collect();
             assert_eq!(
                 won,
                 vec![round],
@@ -142,34 +148,6 @@ fn racing_acquires_have_one_winner() {
             );
         }
     });
-}
-
-/// Polls all futures on this thread until every one is done.
-async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let handles: Vec<_> = futs.map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = handles.iter().map(|_| None).collect();
-    let mut handles: Vec<_> = handles.into_iter().map(Some).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (h, o) in handles.iter_mut().zip(out.iter_mut()) {
-            if let Some(f) = h {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => {
-                        *o = Some(v);
-                        *h = None;
-                    }
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().map(|o| o.expect("done")).collect()
 }
 
 #[test]

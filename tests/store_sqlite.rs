@@ -8,7 +8,7 @@ use std::time::Duration;
 use leaderrun::store::sqlite::SqliteStore;
 use leaderrun::store::{Store, StoreError};
 use sqlx::Connection;
-use support::TempDir;
+use support::{join_all, TempDir};
 
 const L: Duration = Duration::from_secs(5);
 const T: Duration = Duration::from_secs(5);
@@ -149,28 +149,6 @@ fn racing_acquires_have_one_winner() {
             sql(&db, "UPDATE leader_lease SET expires_at = 0").await;
         }
     });
-}
-
-async fn join_all<F: std::future::Future + Unpin>(mut futs: Vec<F>) -> Vec<F::Output> {
-    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match std::pin::Pin::new(&mut *f).poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().map(|o| o.expect("done")).collect()
 }
 
 #[test]

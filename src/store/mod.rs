@@ -177,6 +177,16 @@ impl AnyStore {
     }
 }
 
+/// The same call on whichever store this is.
+macro_rules! each {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            AnyStore::Postgres($s) => $call,
+            AnyStore::Sqlite($s) => $call,
+        }
+    };
+}
+
 impl Store for AnyStore {
     async fn acquire(
         &mut self,
@@ -185,10 +195,7 @@ impl Store for AnyStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
-        match self {
-            AnyStore::Postgres(s) => s.acquire(name, holder, lease, timeout).await,
-            AnyStore::Sqlite(s) => s.acquire(name, holder, lease, timeout).await,
-        }
+        each!(self, s => s.acquire(name, holder, lease, timeout).await)
     }
 
     async fn renew(
@@ -199,10 +206,7 @@ impl Store for AnyStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        match self {
-            AnyStore::Postgres(s) => s.renew(name, holder, epoch, lease, timeout).await,
-            AnyStore::Sqlite(s) => s.renew(name, holder, epoch, lease, timeout).await,
-        }
+        each!(self, s => s.renew(name, holder, epoch, lease, timeout).await)
     }
 
     async fn release(
@@ -213,10 +217,7 @@ impl Store for AnyStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        match self {
-            AnyStore::Postgres(s) => s.release(name, holder, epoch, keep, timeout).await,
-            AnyStore::Sqlite(s) => s.release(name, holder, epoch, keep, timeout).await,
-        }
+        each!(self, s => s.release(name, holder, epoch, keep, timeout).await)
     }
 
     async fn inspect(
@@ -224,25 +225,16 @@ impl Store for AnyStore {
         name: &str,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        match self {
-            AnyStore::Postgres(s) => s.inspect(name, timeout).await,
-            AnyStore::Sqlite(s) => s.inspect(name, timeout).await,
-        }
+        each!(self, s => s.inspect(name, timeout).await)
     }
 }
 
 impl StoreAdmin for AnyStore {
     async fn init(&mut self, timeout: Duration) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Postgres(s) => s.init(timeout).await,
-            AnyStore::Sqlite(s) => s.init(timeout).await,
-        }
+        each!(self, s => s.init(timeout).await)
     }
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
-        match self {
-            AnyStore::Postgres(s) => s.list(timeout).await,
-            AnyStore::Sqlite(s) => s.list(timeout).await,
-        }
+        each!(self, s => s.list(timeout).await)
     }
     async fn clear(
         &mut self,
@@ -250,16 +242,10 @@ impl StoreAdmin for AnyStore {
         epoch: Option<i64>,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        match self {
-            AnyStore::Postgres(s) => s.clear(name, epoch, timeout).await,
-            AnyStore::Sqlite(s) => s.clear(name, epoch, timeout).await,
-        }
+        each!(self, s => s.clear(name, epoch, timeout).await)
     }
     fn table_sql(&self) -> &'static str {
-        match self {
-            AnyStore::Postgres(s) => s.table_sql(),
-            AnyStore::Sqlite(s) => s.table_sql(),
-        }
+        each!(self, s => s.table_sql())
     }
 }
 

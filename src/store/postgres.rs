@@ -164,6 +164,31 @@ impl PgStore {
         Ok(())
     }
 
+    /// Renew and release: one UPDATE naming name, holder and epoch, plus a
+    /// duration in ms; true when it matched the lease.
+    async fn update(
+        &mut self,
+        sql: &'static str,
+        what: &str,
+        (name, holder, epoch, d): (&str, &str, i64, Duration),
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(d));
+        self.call(timeout, what, move |c| {
+            Box::pin(async move {
+                let done = sqlx::query(sql)
+                    .bind(name)
+                    .bind(holder)
+                    .bind(epoch)
+                    .bind(ms)
+                    .execute(c)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
+    }
+
     fn classify(&self, what: &str, e: sqlx::Error) -> StoreError {
         let msg = format!(
             "{what} the store {}: {}",
@@ -262,20 +287,12 @@ impl Store for PgStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let ms = millis(lease);
-        let (name, holder) = (name.to_string(), holder.to_string());
-        self.call(timeout, "cannot renew in", move |c| {
-            Box::pin(async move {
-                let done = sqlx::query(RENEW_SQL)
-                    .bind(name)
-                    .bind(holder)
-                    .bind(epoch)
-                    .bind(ms)
-                    .execute(c)
-                    .await?;
-                Ok(done.rows_affected() == 1)
-            })
-        })
+        self.update(
+            RENEW_SQL,
+            "cannot renew in",
+            (name, holder, epoch, lease),
+            timeout,
+        )
         .await
     }
 
@@ -287,20 +304,12 @@ impl Store for PgStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let ms = millis(keep);
-        let (name, holder) = (name.to_string(), holder.to_string());
-        self.call(timeout, "cannot release in", move |c| {
-            Box::pin(async move {
-                let done = sqlx::query(RELEASE_SQL)
-                    .bind(name)
-                    .bind(holder)
-                    .bind(epoch)
-                    .bind(ms)
-                    .execute(c)
-                    .await?;
-                Ok(done.rows_affected() == 1)
-            })
-        })
+        self.update(
+            RELEASE_SQL,
+            "cannot release in",
+            (name, holder, epoch, keep),
+            timeout,
+        )
         .await
     }
 

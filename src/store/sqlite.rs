@@ -156,6 +156,33 @@ impl SqliteStore {
         Ok(conn)
     }
 
+    /// Renew and release: one UPDATE naming name, holder, epoch and boot,
+    /// with now and a duration in ms; true when it matched the lease.
+    async fn update(
+        &mut self,
+        sql: &'static str,
+        what: &str,
+        (name, holder, epoch, d): (&str, &str, i64, Duration),
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(d));
+        self.write(timeout, what, move |c, now, boot| {
+            Box::pin(async move {
+                let done = sqlx::query(sql)
+                    .bind(name)
+                    .bind(holder)
+                    .bind(epoch)
+                    .bind(now)
+                    .bind(ms)
+                    .bind(boot)
+                    .execute(c)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            })
+        })
+        .await
+    }
+
     fn classify(&self, what: &str, e: sqlx::Error) -> StoreError {
         let transient = match &e {
             // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with extended codes.
@@ -267,21 +294,12 @@ impl Store for SqliteStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(lease));
-        self.write(timeout, "cannot renew in", move |c, now, boot| {
-            Box::pin(async move {
-                let done = sqlx::query(RENEW_SQL)
-                    .bind(name)
-                    .bind(holder)
-                    .bind(epoch)
-                    .bind(now)
-                    .bind(ms)
-                    .bind(boot)
-                    .execute(c)
-                    .await?;
-                Ok(done.rows_affected() == 1)
-            })
-        })
+        self.update(
+            RENEW_SQL,
+            "cannot renew in",
+            (name, holder, epoch, lease),
+            timeout,
+        )
         .await
     }
 
@@ -293,21 +311,12 @@ impl Store for SqliteStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(keep));
-        self.write(timeout, "cannot release in", move |c, now, boot| {
-            Box::pin(async move {
-                let done = sqlx::query(RELEASE_SQL)
-                    .bind(name)
-                    .bind(holder)
-                    .bind(epoch)
-                    .bind(now)
-                    .bind(ms)
-                    .bind(boot)
-                    .execute(c)
-                    .await?;
-                Ok(done.rows_affected() == 1)
-            })
-        })
+        self.update(
+            RELEASE_SQL,
+            "cannot release in",
+            (name, holder, epoch, keep),
+            timeout,
+        )
         .await
     }
 

@@ -216,3 +216,27 @@ pub fn libfaketime() -> PathBuf {
     }
     panic!("libfaketime.so.1 not found: install the Debian package `faketime`");
 }
+
+/// Polls all futures on this thread until every one is done (no executor
+/// crate needed for a race between a handful of store calls).
+pub async fn join_all<F: std::future::Future + Unpin>(mut futs: Vec<F>) -> Vec<F::Output> {
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match std::pin::Pin::new(&mut *f).poll(cx) {
+                    std::task::Poll::Ready(v) => *o = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().map(|o| o.expect("done")).collect()
+}
