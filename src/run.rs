@@ -195,6 +195,16 @@ pub async fn run(cfg: RunConfig) -> i32 {
         ("LEASE_NAME", name.clone()),
         ("LEASE_HOLDER", cfg.holder.clone()),
     ];
+    // A freeze between the acquisition and this line must not start the
+    // command on a lease that may already have passed on.
+    if clock.now() >= lease.sent + t.give_up {
+        tracing::warn!(
+            event = "lost",
+            epoch = lease.epoch,
+            "lost lease {name} before the command started: past the give-up deadline (frozen?)"
+        );
+        return exit::LOST;
+    }
     let mut child = match supervisor::spawn(&cfg.command, &env) {
         Ok(c) => c,
         Err(e) => {

@@ -196,6 +196,8 @@ fn run_chaos(seed: u64, secs: u64) {
     while Instant::now() < t_end {
         let start = boot_ns();
         let (mut frozen, mut unsupervised, mut stopped_after) = (None, None, None);
+        // When the fault ended: SIGCONT for freezes, now for the rest.
+        let mut heal_at = None;
         let kind = match rng.below(7) {
             0 => {
                 let i = s.target(&mut rng);
@@ -210,13 +212,17 @@ fn run_chaos(seed: u64, secs: u64) {
                 let Some(p) = s.slots[i].proc.as_ref().map(|p| p.id()) else {
                     continue;
                 };
-                let kids = s.children_of(&who);
+                // leaderrun first, so it starts no command we would miss;
+                // then its command's group, from the process table (a
+                // command that has not logged its start yet is found too).
                 signal_group(p, Signal::SIGSTOP);
+                let kids = child_groups(p);
                 for k in &kids {
                     signal_group(*k as u32, Signal::SIGSTOP);
                 }
                 s.idle(Duration::from_millis(LEASE_MS as u64) + rng.ms(500, 1500));
                 let thawed = Instant::now();
+                heal_at = Some(boot_ns());
                 signal_group(p, Signal::SIGCONT);
                 for k in &kids {
                     signal_group(*k as u32, Signal::SIGCONT);
@@ -238,10 +244,14 @@ fn run_chaos(seed: u64, secs: u64) {
                 let Some(p) = s.slots[i].proc.as_ref().map(|p| p.id()) else {
                     continue;
                 };
-                let kids = s.children_of(&who);
+                // leaderrun first, so it starts no command we would miss;
+                // then its command's group, from the process table (a
+                // command that has not logged its start yet is found too).
                 signal_group(p, Signal::SIGSTOP);
+                let kids = child_groups(p);
                 s.idle(Duration::from_millis(LEASE_MS as u64) + rng.ms(500, 1500));
                 let thawed = Instant::now();
+                heal_at = Some(boot_ns());
                 signal_group(p, Signal::SIGCONT);
                 while kids.iter().any(|k| alive(*k)) && thawed.elapsed() < Duration::from_secs(2) {
                     std::thread::sleep(Duration::from_millis(1));
@@ -281,7 +291,7 @@ fn run_chaos(seed: u64, secs: u64) {
             unsupervised,
             stopped_after,
             start,
-            heal: boot_ns(),
+            heal: heal_at.unwrap_or_else(boot_ns),
         });
         // Quiet time: long enough to check recovery after every fault.
         s.idle(Duration::from_millis((LEASE_MS + RETRY_MS) as u64) + rng.ms(500, 1500));
@@ -329,6 +339,22 @@ fn run_chaos(seed: u64, secs: u64) {
         s.exits.len(),
         lost
     );
+    if !report.violations.is_empty() {
+        // Keep the evidence: every child's steps and every leaderrun's log.
+        let keep = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{seed}"));
+        let _ = std::fs::remove_dir_all(&keep);
+        let _ = std::fs::create_dir_all(&keep);
+        for e in std::fs::read_dir(s.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let _ = std::fs::copy(e.path(), keep.join(e.file_name()));
+        }
+        let faults_txt: String = faults.iter().map(|f| format!("{f:?}\n")).collect();
+        let _ = std::fs::write(keep.join("faults.txt"), faults_txt);
+        eprintln!("chaos: logs kept in {}", keep.display());
+    }
     assert!(
         runs.len() > 1,
         "no takeover happened: the run proves nothing"

@@ -240,3 +240,26 @@ pub async fn join_all<F: std::future::Future + Unpin>(mut futs: Vec<F>) -> Vec<F
     .await;
     out.into_iter().map(|o| o.expect("done")).collect()
 }
+
+/// Children of `ppid` that lead a process group of their own (a command
+/// leaderrun started), from /proc.
+pub fn child_groups(ppid: u32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let f: Vec<&str> = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .collect();
+            f.len() > 2
+                && f[1].parse::<u32>().ok() == Some(ppid)
+                && f[2].parse::<i32>().ok() == Some(*pid)
+        })
+        .collect()
+}
