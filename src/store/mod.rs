@@ -268,6 +268,22 @@ pub fn resolve(
     AnyStore::open(&url, &app_name, call_timeout)
 }
 
+/// A `LeaseInfo` from a row whose first four columns are name, holder,
+/// epoch and milliseconds to expiry (each store's `columns!()`).
+pub(crate) fn lease_info<R: sqlx::Row>(r: &R) -> Result<LeaseInfo, sqlx::Error>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(LeaseInfo {
+        name: r.try_get(0)?,
+        holder: r.try_get(1)?,
+        epoch: r.try_get(2)?,
+        expires_in_ms: r.try_get(3)?,
+    })
+}
+
 /// Milliseconds for the store, refusing what does not fit (never panics).
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

@@ -27,7 +27,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{millis, LeaseInfo, Store, StoreAdmin, StoreError};
+use super::{lease_info, millis, LeaseInfo, Store, StoreAdmin, StoreError};
 use crate::redact::Redacted;
 
 pub const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
@@ -58,8 +58,16 @@ const RELEASE_SQL: &str = "UPDATE leader_lease
             expires_at = now() + make_interval(secs => $4::float8 / 1000)
       WHERE name = $1 AND holder = $2 AND epoch = $3";
 
-const COLUMNS: &str = "name, holder, epoch,
-        (extract(epoch FROM (greatest(expires_at, now() - interval '100 years') - now())) * 1000)::bigint";
+/// What `LeaseInfo` is read from (see `store::lease_info`).
+macro_rules! columns {
+    () => {
+        "name, holder, epoch,
+        (extract(epoch FROM (greatest(expires_at, now() - interval '100 years') - now())) * 1000)::bigint"
+    };
+}
+
+const INSPECT_SQL: &str = concat!("SELECT ", columns!(), " FROM leader_lease WHERE name = $1");
+const LIST_SQL: &str = concat!("SELECT ", columns!(), " FROM leader_lease ORDER BY name");
 
 // The row is locked and read as it was, then cleared; `epoch` is untouched.
 const CLEAR_SQL: &str = "UPDATE leader_lease l SET holder = NULL, expires_at = now()
@@ -321,22 +329,15 @@ impl Store for PgStore {
         let name = name.to_string();
         self.call(timeout, "cannot read", move |c| {
             Box::pin(async move {
-                let sql = format!("SELECT {COLUMNS} FROM leader_lease WHERE name = $1");
-                let row = sqlx::query(&sql).bind(name).fetch_optional(c).await?;
+                let row = sqlx::query(INSPECT_SQL)
+                    .bind(name)
+                    .fetch_optional(c)
+                    .await?;
                 row.map(|r| lease_info(&r)).transpose()
             })
         })
         .await
     }
-}
-
-fn lease_info(r: &sqlx::postgres::PgRow) -> Result<LeaseInfo, sqlx::Error> {
-    Ok(LeaseInfo {
-        name: r.try_get(0)?,
-        holder: r.try_get(1)?,
-        epoch: r.try_get(2)?,
-        expires_in_ms: r.try_get(3)?,
-    })
 }
 
 impl StoreAdmin for PgStore {
@@ -350,8 +351,7 @@ impl StoreAdmin for PgStore {
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
         self.call(timeout, "cannot read", |c| {
             Box::pin(async move {
-                let sql = format!("SELECT {COLUMNS} FROM leader_lease ORDER BY name");
-                let rows = sqlx::query(&sql).fetch_all(c).await?;
+                let rows = sqlx::query(LIST_SQL).fetch_all(c).await?;
                 rows.iter().map(lease_info).collect()
             })
         })

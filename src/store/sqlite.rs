@@ -24,7 +24,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{millis, LeaseInfo, Store, StoreAdmin, StoreError};
+use super::{lease_info, millis, LeaseInfo, Store, StoreAdmin, StoreError};
 use crate::clock::{BootClock, Clock};
 
 const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
@@ -54,9 +54,22 @@ const RELEASE_SQL: &str = "UPDATE leader_lease
         SET holder = CASE WHEN ?5 > 0 THEN holder END, expires_at = ?4 + ?5
       WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6";
 
-// ?1 now, ?2 boot id; a lease from another boot has expired.
-const COLUMNS: &str =
-    "name, holder, epoch, CASE WHEN boot_id = ?2 THEN expires_at - ?1 ELSE -1 END";
+/// What `LeaseInfo` is read from (see `store::lease_info`); ?1 now, ?2 boot
+/// id: a lease from another boot has expired.
+macro_rules! columns {
+    () => {
+        "name, holder, epoch, CASE WHEN boot_id = ?2 THEN expires_at - ?1 ELSE -1 END"
+    };
+}
+
+// ?1 now, ?2 boot id, ?3 name, ?4 epoch or NULL
+const INSPECT_SQL: &str = concat!("SELECT ", columns!(), " FROM leader_lease WHERE name = ?3");
+const LIST_SQL: &str = concat!("SELECT ", columns!(), " FROM leader_lease ORDER BY name");
+const CLEARABLE_SQL: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM leader_lease WHERE name = ?3 AND holder IS NOT NULL AND (?4 IS NULL OR epoch = ?4)"
+);
 
 pub struct SqliteStore {
     path: PathBuf,
@@ -328,8 +341,7 @@ impl Store for SqliteStore {
         let name = name.to_string();
         self.write(timeout, "cannot read", move |c, now, boot| {
             Box::pin(async move {
-                let sql = format!("SELECT {COLUMNS} FROM leader_lease WHERE name = ?3");
-                let row = sqlx::query(&sql)
+                let row = sqlx::query(INSPECT_SQL)
                     .bind(now)
                     .bind(boot)
                     .bind(name)
@@ -342,15 +354,6 @@ impl Store for SqliteStore {
     }
 }
 
-fn lease_info(r: &sqlx::sqlite::SqliteRow) -> Result<LeaseInfo, sqlx::Error> {
-    Ok(LeaseInfo {
-        name: r.try_get(0)?,
-        holder: r.try_get(1)?,
-        epoch: r.try_get(2)?,
-        expires_in_ms: r.try_get(3)?,
-    })
-}
-
 impl StoreAdmin for SqliteStore {
     async fn init(&mut self, timeout: Duration) -> Result<(), StoreError> {
         self.write(timeout, "cannot use", |_, _, _| Box::pin(async { Ok(()) }))
@@ -360,8 +363,11 @@ impl StoreAdmin for SqliteStore {
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
         self.write(timeout, "cannot read", |c, now, boot| {
             Box::pin(async move {
-                let sql = format!("SELECT {COLUMNS} FROM leader_lease ORDER BY name");
-                let rows = sqlx::query(&sql).bind(now).bind(boot).fetch_all(c).await?;
+                let rows = sqlx::query(LIST_SQL)
+                    .bind(now)
+                    .bind(boot)
+                    .fetch_all(c)
+                    .await?;
                 rows.iter().map(lease_info).collect()
             })
         })
@@ -377,11 +383,7 @@ impl StoreAdmin for SqliteStore {
         let name = name.to_string();
         self.write(timeout, "cannot release in", move |c, now, boot| {
             Box::pin(async move {
-                let sql = format!(
-                    "SELECT {COLUMNS} FROM leader_lease WHERE name = ?3 AND holder IS NOT NULL \
-                     AND (?4 IS NULL OR epoch = ?4)"
-                );
-                let row = sqlx::query(&sql)
+                let row = sqlx::query(CLEARABLE_SQL)
                     .bind(now)
                     .bind(boot)
                     .bind(&name)
