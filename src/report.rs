@@ -210,9 +210,7 @@ impl Observer for Shared {
             Some(info) => format!("waiting; {}", describe_held(info)),
             None => "waiting; the lease is held elsewhere".into(),
         };
-        let mut r = self.0.borrow_mut();
-        r.leading = false;
-        r.status(text);
+        self.0.borrow_mut().status(text);
     }
     fn renewed(&mut self, _epoch: i64) {
         let mut r = self.0.borrow_mut();

@@ -17,14 +17,6 @@ fn admin(store: &str, args: &[&str]) -> Output {
     run(c)
 }
 
-fn worker(dir: &TempDir, tag: &str) -> String {
-    format!(
-        "echo $LEASE_EPOCH > {e}; echo $$ > {p}.tmp && mv {p}.tmp {p}; while :; do sleep 0.02; done",
-        p = dir.file(&format!("{tag}.pid")).display(),
-        e = dir.file(&format!("{tag}.epoch")).display(),
-    )
-}
-
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"))
 }

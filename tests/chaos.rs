@@ -155,6 +155,36 @@ impl Suite {
         (0..N).find(|&i| self.who(i) == h)
     }
 
+    /// SIGSTOP the holder's leaderrun (and, with `with_command`, its
+    /// command's group) for longer than the lease, then SIGCONT and wait for
+    /// the command to die. Returns the holder, the SIGCONT time (boot ns) and
+    /// how long the command outlived the SIGCONT (ns).
+    fn freeze_holder(&mut self, rng: &mut Rng, with_command: bool) -> Option<(String, u128, u128)> {
+        let i = self.holder()?;
+        let who = self.who(i);
+        let p = self.slots[i].proc.as_ref()?.id();
+        // leaderrun first, so it starts no command we would miss; then its
+        // command's group, from the process table (a command that has not
+        // logged its start yet is found too).
+        signal_group(p, Signal::SIGSTOP);
+        let kids = child_groups(p);
+        let groups: &[i32] = if with_command { &kids } else { &[] };
+        for k in groups {
+            signal_group(*k as u32, Signal::SIGSTOP);
+        }
+        self.idle(Duration::from_millis(LEASE_MS as u64) + rng.ms(500, 1500));
+        let thawed = Instant::now();
+        let heal = boot_ns();
+        signal_group(p, Signal::SIGCONT);
+        for k in groups {
+            signal_group(*k as u32, Signal::SIGCONT);
+        }
+        while kids.iter().any(|k| alive(*k)) && thawed.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Some((who, heal, thawed.elapsed().as_nanos()))
+    }
+
     fn target(&self, rng: &mut Rng) -> usize {
         match self.holder() {
             Some(h) if rng.below(10) < 7 => h,
@@ -207,31 +237,10 @@ fn run_chaos(seed: u64, secs: u64) {
                 "kill -9"
             }
             1 => {
-                let Some(i) = s.holder() else { continue };
-                let who = s.who(i);
-                let Some(p) = s.slots[i].proc.as_ref().map(|p| p.id()) else {
+                let Some((who, thawed, stopped)) = s.freeze_holder(&mut rng, true) else {
                     continue;
                 };
-                // leaderrun first, so it starts no command we would miss;
-                // then its command's group, from the process table (a
-                // command that has not logged its start yet is found too).
-                signal_group(p, Signal::SIGSTOP);
-                let kids = child_groups(p);
-                for k in &kids {
-                    signal_group(*k as u32, Signal::SIGSTOP);
-                }
-                s.idle(Duration::from_millis(LEASE_MS as u64) + rng.ms(500, 1500));
-                let thawed = Instant::now();
-                heal_at = Some(boot_ns());
-                signal_group(p, Signal::SIGCONT);
-                for k in &kids {
-                    signal_group(*k as u32, Signal::SIGCONT);
-                }
-                while kids.iter().any(|k| alive(*k)) && thawed.elapsed() < Duration::from_secs(2) {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                stopped_after = Some(thawed.elapsed().as_nanos());
-                frozen = Some(who);
+                (heal_at, stopped_after, frozen) = (Some(thawed), Some(stopped), Some(who));
                 "freeze holder"
             }
             6 => {
@@ -239,25 +248,10 @@ fn run_chaos(seed: u64, secs: u64) {
                 // no lease can prevent. The fence must refuse its writes once
                 // a newer leader has written, and the thawed leaderrun must
                 // stop it at once.
-                let Some(i) = s.holder() else { continue };
-                let who = s.who(i);
-                let Some(p) = s.slots[i].proc.as_ref().map(|p| p.id()) else {
+                let Some((who, thawed, stopped)) = s.freeze_holder(&mut rng, false) else {
                     continue;
                 };
-                // leaderrun first, so it starts no command we would miss;
-                // then its command's group, from the process table (a
-                // command that has not logged its start yet is found too).
-                signal_group(p, Signal::SIGSTOP);
-                let kids = child_groups(p);
-                s.idle(Duration::from_millis(LEASE_MS as u64) + rng.ms(500, 1500));
-                let thawed = Instant::now();
-                heal_at = Some(boot_ns());
-                signal_group(p, Signal::SIGCONT);
-                while kids.iter().any(|k| alive(*k)) && thawed.elapsed() < Duration::from_secs(2) {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                stopped_after = Some(thawed.elapsed().as_nanos());
-                unsupervised = Some(who);
+                (heal_at, stopped_after, unsupervised) = (Some(thawed), Some(stopped), Some(who));
                 "freeze leaderrun only"
             }
             2 => {

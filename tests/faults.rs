@@ -12,16 +12,6 @@ use support::*;
 const SEC: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
 
-/// A child script that records its epoch, then its pid (atomically: the pid
-/// file's appearance is the event tests wait for), then works forever.
-fn worker(dir: &TempDir, tag: &str) -> String {
-    format!(
-        "echo $LEASE_EPOCH > {e}; echo $$ > {p}.tmp && mv {p}.tmp {p}; while :; do sleep 0.02; done",
-        p = dir.file(&format!("{tag}.pid")).display(),
-        e = dir.file(&format!("{tag}.epoch")).display(),
-    )
-}
-
 fn remaining_ms(pg: &Pg, name: &str) -> u64 {
     pg.sql(&format!(
         "SELECT (extract(epoch FROM expires_at - now()) * 1000)::bigint FROM leader_lease WHERE name = '{name}'"

@@ -44,6 +44,17 @@ impl Drop for TempDir {
     }
 }
 
+/// A child script that records its epoch (`TAG.epoch`), then its pid
+/// (`TAG.pid`, atomically: the pid file's appearance is the event tests wait
+/// for), then works forever.
+pub fn worker(dir: &TempDir, tag: &str) -> String {
+    format!(
+        "echo $LEASE_EPOCH > {e}; echo $$ > {p}.tmp && mv {p}.tmp {p}; while :; do sleep 0.02; done",
+        p = dir.file(&format!("{tag}.pid")).display(),
+        e = dir.file(&format!("{tag}.epoch")).display(),
+    )
+}
+
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
