@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::cli::{Admin, Common};
 use crate::exit;
 use crate::json::Json;
+use crate::stderr::out;
 use crate::store::{LeaseInfo, StoreAdmin, StoreError};
 
 /// Admin calls are one-shot; this bounds connecting plus the statement.
@@ -17,7 +18,7 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
     let mut store = match crate::store::resolve(common.store, "leaderrun admin", CALL) {
         Ok(s) => s,
         Err(msg) => {
-            eprintln!("leaderrun: error: {msg}");
+            crate::stderr::line(&format!("error: {msg}"));
             return exit::USAGE;
         }
     };
@@ -31,11 +32,11 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
         Admin::Check { name, epoch } => check(&mut store, &name, epoch).await,
         Admin::Init { print } => {
             if print {
-                println!("{};", store.table_sql());
+                out(&format!("{};\n", store.table_sql()));
                 Ok(0)
             } else {
                 store.init(CALL).await.map(|()| {
-                    println!("lease table ready in {}", store.describe());
+                    out(&format!("lease table ready in {}\n", store.describe()));
                     0
                 })
             }
@@ -62,8 +63,8 @@ async fn status<S: StoreAdmin + crate::store::Store>(
     if json {
         let objs: Vec<String> = leases.iter().map(lease_json).collect();
         match &name {
-            Some(_) => println!("{}", objs.first().map(String::as_str).unwrap_or("null")),
-            None => println!("[{}]", objs.join(",")),
+            Some(_) => out(&format!("{}\n", objs.first().map(String::as_str).unwrap_or("null"))),
+            None => out(&format!("[{}]\n", objs.join(","))),
         }
     } else if !leases.is_empty() {
         let w = leases
@@ -78,15 +79,15 @@ async fn status<S: StoreAdmin + crate::store::Store>(
             .max()
             .unwrap_or(6)
             .max(6);
-        println!("{:w$}  {:hw$}  {:>6}  STATE", "NAME", "HOLDER", "EPOCH");
+        out(&format!("{:w$}  {:hw$}  {:>6}  STATE\n", "NAME", "HOLDER", "EPOCH"));
         for l in &leases {
             let holder = l.holder.as_deref().unwrap_or("-");
-            println!("{:w$}  {holder:hw$}  {:>6}  {}", l.name, l.epoch, state(l));
+            out(&format!("{:w$}  {holder:hw$}  {:>6}  {}\n", l.name, l.epoch, state(l)));
         }
     }
     if name.is_some() && leases.is_empty() {
         if !json {
-            eprintln!("leaderrun: no lease named {}", name.unwrap_or_default());
+            crate::stderr::line(&format!("no lease named {}", name.unwrap_or_default()));
         }
         return Ok(NO);
     }
@@ -122,21 +123,21 @@ async fn release<S: StoreAdmin>(
 ) -> Result<i32, StoreError> {
     match store.clear(name, epoch, CALL).await? {
         Some(was) => {
-            println!(
-                "released {name}: was held by {} at epoch {} ({}); the next holder gets epoch {} or higher",
+            out(&format!(
+                "released {name}: was held by {} at epoch {} ({}); the next holder gets epoch {} or higher\n",
                 was.holder.as_deref().unwrap_or("-"),
                 was.epoch,
                 state(&was),
                 was.epoch + 1
-            );
+            ));
             Ok(0)
         }
         None => {
             match epoch {
                 Some(e) => {
-                    eprintln!("leaderrun: {name} is not held at epoch {e}; nothing released")
+                    crate::stderr::line(&format!("{name} is not held at epoch {e}; nothing released"))
                 }
-                None => eprintln!("leaderrun: {name} is not held; nothing released"),
+                None => crate::stderr::line(&format!("{name} is not held; nothing released")),
             }
             Ok(NO)
         }

@@ -8,9 +8,7 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 
 use crate::names::{parse_holder, parse_name};
 
-fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| e.to_string())
-}
+use crate::timing::parse_duration as duration;
 
 /// Text for the end of `--help` and for the man page.
 pub const AFTER_HELP: &str = "\

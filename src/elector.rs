@@ -250,11 +250,12 @@ impl<S: Store, C: Clock> Elector<S, C> {
     /// is safely ours; dropping the future simply stops renewing.
     pub async fn hold(&mut self, lease: &mut Lease) -> Lost {
         let t = self.timing;
-        // A call that takes longer than half a renew interval is abandoned
-        // and retried on a fresh connection, so one blackholed connection
-        // cannot use up the whole give-up budget.
-        let attempt_cap = (t.renew / 2).max(Duration::from_millis(50));
+        // A call that takes longer than this is abandoned and retried on a
+        // fresh connection, so one blackholed connection cannot use up the
+        // whole give-up budget.
+        let attempt_cap = t.call_cap();
         let mut next = lease.sent + t.renew;
+        let mut failures = 0u32;
         loop {
             let deadline = lease.sent + t.give_up;
             let lost = |reason| Lost { reason, deadline };
@@ -287,6 +288,14 @@ impl<S: Store, C: Clock> Elector<S, C> {
                     }
                     lease.sent = sent;
                     next = sent + t.renew;
+                    if failures > 0 {
+                        tracing::info!(
+                            event = "store_recovered",
+                            epoch = lease.epoch,
+                            "renewed again after {failures} failed attempt(s)"
+                        );
+                        failures = 0;
+                    }
                 }
                 Ok(false) => return lost(LossReason::Superseded),
                 Err(e) => {
@@ -300,9 +309,16 @@ impl<S: Store, C: Clock> Elector<S, C> {
                         "renewal failed ({e}); giving up in {} unless a retry succeeds",
                         humantime::format_duration(round_ms(left))
                     );
-                    // Retry `P` after the failed attempt started (at once if
-                    // it timed out), but never wait a whole renew interval.
-                    next = (sent + t.retry.min(t.renew)).max(now);
+                    // The first retry goes out at once: the failed call's
+                    // connection is gone, and a fresh one often works (a
+                    // restarted server, a reset link). Later retries come
+                    // every `renew_retry`, so several fit before `G`.
+                    next = if failures == 0 {
+                        now
+                    } else {
+                        (sent + t.renew_retry()).max(now)
+                    };
+                    failures += 1;
                 }
             }
         }

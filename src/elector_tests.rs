@@ -188,24 +188,29 @@ async fn failed_renewal_is_retried_and_success_extends_from_its_send() {
     let mut lease = lease_at(e.clock().now());
     let r = tokio::time::timeout(ms(2500), e.hold(&mut lease)).await;
     assert!(r.is_err(), "lost after a retried renewal succeeded");
-    // retry P = 400 ms after the failed attempt started
-    assert_eq!(&fake.calls("renew")[..2], &[ms(1000), ms(1400)]);
+    // the first retry goes out at once, when the failure is known
+    assert_eq!(&fake.calls("renew")[..2], &[ms(1000), ms(1010)]);
     // the next regular renewal counts from the successful send
-    assert_eq!(fake.calls("renew")[2], ms(2400));
+    assert_eq!(fake.calls("renew")[2], ms(2010));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_yes_that_arrives_after_the_deadline_is_not_believed() {
     let mut script = Script::default();
-    script.renew.push_back((ms(10), unavailable())); // sent at 1.0 s
-    script.renew.push_back((ms(10), unavailable())); // retried at 1.4 s
-                                                     // retried at 1.8 s with 0.2 s left; "renewed" would arrive at 2.3 s
+    // sent at 1.0 s, retried at once (1.01 s), then every (G - R)/4 = 250 ms
+    for _ in 0..4 {
+        script.renew.push_back((ms(10), unavailable()));
+    }
+    // retried at 1.76 s with 0.24 s left; "renewed" would arrive at 2.26 s
     script.renew.push_back((ms(500), Some(Ok(true))));
     let (mut e, fake) = elector(script);
     let mut lease = lease_at(e.clock().now());
     let lost = e.hold(&mut lease).await;
     assert_eq!(lost.reason, LossReason::GaveUp);
-    assert_eq!(fake.calls("renew"), vec![ms(1000), ms(1400), ms(1800)]);
+    assert_eq!(
+        fake.calls("renew"),
+        vec![ms(1000), ms(1010), ms(1260), ms(1510), ms(1760)]
+    );
     assert_eq!(
         e.clock().now(),
         ms(2000),

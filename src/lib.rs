@@ -16,6 +16,7 @@ pub mod redact;
 pub mod report;
 pub mod run;
 pub mod signals;
+pub mod stderr;
 pub mod store;
 pub mod supervisor;
 pub mod timing;

@@ -38,7 +38,7 @@ pub fn init(verbose: u8, quiet: bool, format: LogFormat) {
         (false, _) => Level::DEBUG,
     };
     let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(crate::stderr::MakeWriter)
         .with_max_level(level)
         .event_format(Line {
             json: format == LogFormat::Json,

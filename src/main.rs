@@ -1,3 +1,6 @@
 fn main() {
-    std::process::exit(leaderrun::run::main_entry());
+    let code = leaderrun::run::main_entry();
+    // Queued log lines get a bounded chance to reach stderr.
+    leaderrun::stderr::flush(std::time::Duration::from_millis(500));
+    std::process::exit(code);
 }

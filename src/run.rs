@@ -73,7 +73,7 @@ pub fn main_entry() -> i32 {
                 let _ = e.print();
                 return 0;
             }
-            eprintln!("leaderrun: {}", one_line_error(&e));
+            crate::stderr::line(&one_line_error(&e));
             return exit::USAGE;
         }
     };
@@ -89,7 +89,7 @@ pub fn main_entry() -> i32 {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("leaderrun: error: cannot start the runtime: {e}");
+            crate::stderr::line(&format!("error: cannot start the runtime: {e}"));
             return exit::FAILURE;
         }
     };
@@ -99,7 +99,7 @@ pub fn main_entry() -> i32 {
     let cfg = match RunConfig::from_cli(common, run_args) {
         Ok(c) => c,
         Err(msg) => {
-            eprintln!("leaderrun: error: {msg}");
+            crate::stderr::line(&format!("error: {msg}"));
             return exit::USAGE;
         }
     };

@@ -4,8 +4,19 @@
 //! The holder counts `G` from the moment it *sent* its last successful
 //! renewal; the store counts `L` from the moment it *executed* it, which is
 //! later. So `G + K < L` is exactly what makes the child dead (SIGKILL sent)
-//! before the store would let any rival acquire. `R < G` leaves at least one
-//! retry of the renewal before giving up.
+//! before the store would let any rival acquire. `R < G` leaves room to
+//! retry a renewal before giving up; `G - R >= 100ms` makes that room big
+//! enough for several retries whatever `L` is (see [`Timing::renew_retry`]).
+//!
+//! The defaults, and each value's role:
+//!
+//! | | default | role |
+//! |---|---|---|
+//! | `L` | 15s | what the store grants per acquire/renew, by its own clock |
+//! | `R` | `L/3` | a renewal is sent `R` after the last successful one was sent |
+//! | `G` | `2L/3` | no successful renewal sent within `G`: SIGTERM to the command |
+//! | `K` | `(L-G)/2` | `K` after SIGTERM: SIGKILL; `G + K < L` is required |
+//! | `P` | 2s | a waiting contender's poll interval; caps the renewal retry |
 
 use std::fmt;
 use std::time::Duration;
@@ -35,6 +46,16 @@ pub const DEFAULT_RETRY: Duration = Duration::from_secs(2);
 /// Leases longer than this are refused: a holder that needs a day of grace
 /// has a different problem, and the bound keeps every sum far from overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Every duration flag (`--timeout`, `--min-hold` included) is refused past
+/// this, so no sum on the boot clock and no value written to a store can
+/// overflow, whatever is typed.
+pub const MAX_ANY_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The least room between `R` and `G`: after a failed renewal one retry goes
+/// out at once and the rest every `(G - R)/4` at most, so this leaves four
+/// or more attempts of at least 25 ms each.
+pub const MIN_RETRY_ROOM: Duration = Duration::from_millis(100);
+/// A store call is never abandoned sooner than this.
+pub const MIN_CALL: Duration = Duration::from_millis(50);
 
 /// A violated relation, worded for the person who typed the flags.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,6 +118,15 @@ impl Timing {
                 Show(give_up)
             )));
         }
+        if give_up - renew < MIN_RETRY_ROOM {
+            return Err(TimingError(format!(
+                "--give-up ({}) must be at least {} longer than --renew ({}), \
+                 so that a failed renewal can be retried before giving up",
+                Show(give_up),
+                Show(MIN_RETRY_ROOM),
+                Show(renew)
+            )));
+        }
         if give_up + kill_after >= lease {
             return Err(TimingError(format!(
                 "--give-up ({}) plus --kill-after ({}) must be shorter than --lease ({})",
@@ -116,6 +146,38 @@ impl Timing {
             retry,
         })
     }
+}
+
+impl Timing {
+    /// The pause between renewal retries after the first one (which goes
+    /// out at once, on a fresh connection): short enough that four fit
+    /// between `R` and `G`, so a blip (a database restart, a failover) that
+    /// heals before `G` is ridden out, and never longer than `P` or `R`.
+    pub fn renew_retry(&self) -> Duration {
+        self.retry
+            .min(self.renew)
+            .min((self.give_up - self.renew) / 4)
+    }
+
+    /// How long one renewal may take before it is abandoned and retried on a
+    /// fresh connection: one blackholed connection cannot eat the budget.
+    pub fn call_cap(&self) -> Duration {
+        (self.renew / 2)
+            .min((self.give_up - self.renew) / 2)
+            .max(MIN_CALL)
+    }
+}
+
+/// A duration from the command line, bounded by [`MAX_ANY_DURATION`].
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d > MAX_ANY_DURATION {
+        return Err(format!(
+            "{s} is longer than the maximum ({})",
+            Show(MAX_ANY_DURATION)
+        ));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -212,6 +274,76 @@ mod tests {
         for (args, want) in cases {
             assert_eq!(Timing::resolve(args).unwrap_err().to_string(), want);
         }
+    }
+
+    #[test]
+    fn renewal_retries_fit_before_giving_up() {
+        // L = 3s: R = 1s, G = 2s. One retry at once, then every 250 ms.
+        let t = Timing::resolve(TimingArgs {
+            lease: s(3),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(t.renew_retry(), ms(250));
+        assert_eq!(t.call_cap(), ms(500));
+        // The defaults: P (2s) is not the bound, (G - R)/4 is.
+        let t = Timing::resolve(TimingArgs::default()).unwrap();
+        assert_eq!(t.renew_retry(), ms(1250));
+        assert_eq!(t.call_cap(), ms(2500));
+        // A short P is used as it is.
+        let t = Timing::resolve(TimingArgs {
+            retry: Some(ms(100)),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(t.renew_retry(), ms(100));
+        // A long R with little room: the call cap shrinks with the room.
+        let t = Timing::resolve(TimingArgs {
+            lease: s(20),
+            renew: s(8),
+            give_up: Some(ms(8_400)),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(t.call_cap(), ms(200));
+        assert_eq!(t.renew_retry(), ms(100));
+    }
+
+    #[test]
+    fn too_little_room_for_retries_is_refused() {
+        let e = Timing::resolve(TimingArgs {
+            lease: s(10),
+            renew: Some(ms(5_950)),
+            give_up: s(6),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--give-up (6s) must be at least 100ms longer than --renew (5s 950ms), \
+             so that a failed renewal can be retried before giving up"
+        );
+        // Exactly the minimum is enough.
+        assert!(Timing::resolve(TimingArgs {
+            lease: s(10),
+            renew: Some(ms(5_900)),
+            give_up: s(6),
+            ..Default::default()
+        })
+        .is_ok());
+    }
+
+    #[test]
+    fn duration_flags_are_bounded() {
+        assert_eq!(parse_duration("365days"), Ok(MAX_ANY_DURATION));
+        assert_eq!(
+            parse_duration("366days").unwrap_err(),
+            "366days is longer than the maximum (1year 10h 30m 36s)"
+                .replace("1year 10h 30m 36s", &Show(MAX_ANY_DURATION).to_string())
+        );
+        assert!(parse_duration("18446744073709551615s").is_err());
+        assert!(parse_duration("1000000000y").is_err());
+        assert!(parse_duration("ten").is_err());
     }
 
     #[test]
