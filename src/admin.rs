@@ -63,7 +63,10 @@ async fn status<S: StoreAdmin + crate::store::Store>(
     if json {
         let objs: Vec<String> = leases.iter().map(lease_json).collect();
         match &name {
-            Some(_) => out(&format!("{}\n", objs.first().map(String::as_str).unwrap_or("null"))),
+            Some(_) => out(&format!(
+                "{}\n",
+                objs.first().map(String::as_str).unwrap_or("null")
+            )),
             None => out(&format!("[{}]\n", objs.join(","))),
         }
     } else if !leases.is_empty() {
@@ -79,10 +82,18 @@ async fn status<S: StoreAdmin + crate::store::Store>(
             .max()
             .unwrap_or(6)
             .max(6);
-        out(&format!("{:w$}  {:hw$}  {:>6}  STATE\n", "NAME", "HOLDER", "EPOCH"));
+        out(&format!(
+            "{:w$}  {:hw$}  {:>6}  STATE\n",
+            "NAME", "HOLDER", "EPOCH"
+        ));
         for l in &leases {
             let holder = l.holder.as_deref().unwrap_or("-");
-            out(&format!("{:w$}  {holder:hw$}  {:>6}  {}\n", l.name, l.epoch, state(l)));
+            out(&format!(
+                "{:w$}  {holder:hw$}  {:>6}  {}\n",
+                l.name,
+                l.epoch,
+                state(l)
+            ));
         }
     }
     if name.is_some() && leases.is_empty() {
@@ -134,9 +145,9 @@ async fn release<S: StoreAdmin>(
         }
         None => {
             match epoch {
-                Some(e) => {
-                    crate::stderr::line(&format!("{name} is not held at epoch {e}; nothing released"))
-                }
+                Some(e) => crate::stderr::line(&format!(
+                    "{name} is not held at epoch {e}; nothing released"
+                )),
                 None => crate::stderr::line(&format!("{name} is not held; nothing released")),
             }
             Ok(NO)

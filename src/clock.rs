@@ -56,7 +56,8 @@ impl Clock for BootClock {
 // shifts absolute timer expiries would silently postpone the give-up deadline.
 // The kernel's boot clock is what the contract is stated in.
 
-fn boottime_now() -> Stamp {
+/// `CLOCK_BOOTTIME` now, by a raw system call (see above).
+pub fn boottime_now() -> Stamp {
     use nix::libc;
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -76,7 +77,8 @@ fn boottime_now() -> Stamp {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-fn boot_timer(at: Stamp) -> nix::Result<nix::sys::timerfd::TimerFd> {
+/// A non-blocking timerfd on the boot clock that fires at `at` (absolute).
+pub fn boot_timer(at: Stamp) -> nix::Result<nix::sys::timerfd::TimerFd> {
     use nix::libc;
     use nix::sys::timerfd::{ClockId, TimerFd, TimerFlags};
     use std::os::fd::{AsFd, AsRawFd};

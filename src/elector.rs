@@ -93,7 +93,7 @@ pub trait Observer {
     fn wants_holder(&self) -> bool {
         false
     }
-    fn renewed(&mut self, _epoch: i64) {}
+    fn renewed(&mut self, _lease: &Lease) {}
     fn renew_failed(&mut self, _epoch: i64) {}
 }
 
@@ -283,10 +283,10 @@ impl<S: Store, C: Clock> Elector<S, C> {
             match res {
                 Ok(true) => {
                     tracing::debug!(event = "renewed", epoch = lease.epoch, "renewed");
-                    if let Some(o) = self.observer.as_mut() {
-                        o.renewed(lease.epoch);
-                    }
                     lease.sent = sent;
+                    if let Some(o) = self.observer.as_mut() {
+                        o.renewed(lease);
+                    }
                     next = sent + t.renew;
                     if failures > 0 {
                         tracing::info!(

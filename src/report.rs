@@ -212,7 +212,7 @@ impl Observer for Shared {
         };
         self.0.borrow_mut().status(text);
     }
-    fn renewed(&mut self, _epoch: i64) {
+    fn renewed(&mut self, _lease: &crate::elector::Lease) {
         let mut r = self.0.borrow_mut();
         r.last_renewal = Some(SystemTime::now());
         r.write_metrics();

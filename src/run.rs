@@ -2,23 +2,31 @@
 //! outcome to an exit status. This is the only place where the elector (the
 //! lease) and the supervisor (the process) meet.
 
+use std::cell::RefCell;
 use std::ffi::OsString;
 use std::process::ExitStatus;
+use std::rc::Rc;
 use std::time::Duration;
 
 use clap::Parser;
 
 use crate::cli::{one_line_error, Cli, Common, RunArgs};
 use crate::clock::{BootClock, Clock};
-use crate::elector::{describe_held, Elector, Lost, Waited};
+use crate::elector::{describe_held, Elector, Lease, Lost, Observer, Waited};
 use crate::report::{self, Reporter};
-use crate::store::AnyStore;
+use crate::store::{AnyStore, LeaseInfo};
 use crate::supervisor::{self, status_code};
+use crate::terminal::Terminal;
 use crate::timing::{Timing, TimingArgs};
+use crate::tree::Cgroup;
+use crate::watchdog::{self, Orders, Watchdog};
 use crate::{exit, logging, names, signals};
 
 /// Everything the run form needs, validated.
 pub struct RunConfig {
+    /// `--store` as given, for the watchdog (which resolves it the same way).
+    pub store_arg: Option<String>,
+    pub log: (u8, bool, bool),
     pub name: String,
     pub holder: String,
     pub timing: Timing,
@@ -43,12 +51,21 @@ impl RunConfig {
         })
         .map_err(|e| e.to_string())?;
         let name = run.name.ok_or("--name is required")?;
-        let store =
-            crate::store::resolve(common.store, &format!("leaderrun {name}"), timing.give_up)?;
+        let store = crate::store::resolve(
+            common.store.clone(),
+            &format!("leaderrun {name}"),
+            timing.give_up,
+        )?;
         if run.command.first().is_none_or(|c| c.is_empty()) {
             return Err("the command after -- must not be empty".into());
         }
         Ok(RunConfig {
+            store_arg: common.store,
+            log: (
+                common.verbose,
+                common.quiet,
+                common.log_format == crate::cli::LogFormat::Json,
+            ),
             holder: run.holder.unwrap_or_else(names::default_holder),
             name,
             timing,
@@ -65,6 +82,9 @@ impl RunConfig {
 
 /// Parse the command line, run, and return the exit status.
 pub fn main_entry() -> i32 {
+    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(watchdog::ARG)) {
+        return watchdog::main();
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -114,8 +134,37 @@ enum End {
     Lost(Lost),
 }
 
+/// Renewals reach the status reporter and, once there is one, the
+/// watchdog (as the new give-up deadline).
+struct Observers {
+    report: report::Shared,
+    watchdog: Rc<RefCell<Option<Watchdog>>>,
+    give_up: Duration,
+}
+
+impl Observer for Observers {
+    fn waiting(&mut self, held: Option<&LeaseInfo>) {
+        self.report.waiting(held)
+    }
+    fn wants_holder(&self) -> bool {
+        self.report.wants_holder()
+    }
+    fn renewed(&mut self, lease: &Lease) {
+        if let Some(w) = self.watchdog.borrow_mut().as_mut() {
+            w.deadline(lease.sent + self.give_up);
+        }
+        self.report.renewed(lease)
+    }
+    fn renew_failed(&mut self, epoch: i64) {
+        self.report.renew_failed(epoch)
+    }
+}
+
 pub async fn run(cfg: RunConfig) -> i32 {
-    let mut signals = match signals::listen() {
+    // Whether `nohup` (or anything else) set SIGHUP to "ignore": it stays
+    // so, for leaderrun and for the command.
+    let hup_ignored = signals::ignored(nix::sys::signal::Signal::SIGHUP);
+    let mut signals = match signals::listen(hup_ignored) {
         Ok(rx) => rx,
         Err(e) => {
             tracing::error!(
@@ -129,6 +178,8 @@ pub async fn run(cfg: RunConfig) -> i32 {
         tracing::error!(event = "spawn_failed", "{e}");
         return e.exit_code();
     }
+    // Orphans of the command's tree come to leaderrun, not init (tree.rs).
+    crate::tree::become_subreaper();
     let clock = BootClock;
     let t = cfg.timing;
     let name = cfg.name.clone();
@@ -140,7 +191,12 @@ pub async fn run(cfg: RunConfig) -> i32 {
     );
     let mut elector = Elector::new(cfg.store, clock, cfg.name, cfg.holder.clone(), t);
     let report = Reporter::new(&name, cfg.metrics_file.clone()).shared();
-    elector.observe(Box::new(report::Shared(report.clone())));
+    let watchdog: Rc<RefCell<Option<Watchdog>>> = Rc::default();
+    elector.observe(Box::new(Observers {
+        report: report::Shared(report.clone()),
+        watchdog: watchdog.clone(),
+        give_up: t.give_up,
+    }));
     report.borrow_mut().starting();
 
     let mut lease = match elector
@@ -190,6 +246,40 @@ pub async fn run(cfg: RunConfig) -> i32 {
     );
     report.borrow_mut().acquired(lease.epoch);
 
+    // The second guard starts before the command does: from the command's
+    // first instant, either process stops it on time (contract §10).
+    let orders = Orders {
+        store: cfg.store_arg.clone(),
+        name: name.clone(),
+        holder: cfg.holder.clone(),
+        epoch: lease.epoch,
+        lease: t.lease,
+        give_up: t.give_up,
+        kill_after: t.kill_after,
+        min_hold: cfg.min_hold,
+        acquired_at: lease.acquired_at,
+        deadline: lease.sent + t.give_up,
+        verbose: cfg.log.0,
+        quiet: cfg.log.1,
+        json: cfg.log.2,
+    };
+    match Watchdog::start(&orders) {
+        Ok(w) => *watchdog.borrow_mut() = Some(w),
+        Err(e) => {
+            tracing::error!(
+                event = "watchdog_failed",
+                "cannot start the watchdog ({e}); not running the command"
+            );
+            elector.release(&lease, None).await;
+            return exit::FAILURE;
+        }
+    }
+    let finish = |w: &Rc<RefCell<Option<Watchdog>>>| {
+        if let Some(w) = w.borrow_mut().take() {
+            w.done();
+        }
+    };
+
     let env = [
         ("LEASE_EPOCH", lease.epoch.to_string()),
         ("LEASE_NAME", name.clone()),
@@ -203,16 +293,27 @@ pub async fn run(cfg: RunConfig) -> i32 {
             epoch = lease.epoch,
             "lost lease {name} before the command started: past the give-up deadline (frozen?)"
         );
+        finish(&watchdog);
         return exit::LOST;
     }
-    let mut child = match supervisor::spawn(&cfg.command, &env) {
+    let place = supervisor::Placement {
+        cgroup: Cgroup::create(&format!("leaderrun-{}", std::process::id())),
+        terminal: Terminal::foreground(),
+        skip: watchdog.borrow().as_ref().map(Watchdog::pid),
+        keep_hup_ignored: hup_ignored,
+    };
+    let mut child = match supervisor::spawn(&cfg.command, &env, place) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(event = "spawn_failed", "{e}");
+            finish(&watchdog);
             elector.release(&lease, None).await;
             return e.exit_code();
         }
     };
+    if let Some(w) = watchdog.borrow_mut().as_mut() {
+        w.child(nix::unistd::Pid::from_raw(child.pid()), child.cgroup());
+    }
     tracing::debug!(event = "started", pid = child.pid(), "started the command");
 
     let end = {
@@ -233,17 +334,27 @@ pub async fn run(cfg: RunConfig) -> i32 {
 
     match end {
         End::Exited(st) => {
-            // Anything the child left in its group dies before the lease
-            // could pass on: the same G + K arithmetic as a loss.
+            // Anything the child left behind dies before the lease could
+            // pass on: the same G + K arithmetic as a loss.
             let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
-            child.sweep_group(&clock, kill_at).await;
+            let gone = child.sweep(&clock, kill_at).await;
+            child.cleanup();
+            finish(&watchdog);
             let code = status_code(st);
             tracing::info!(
                 event = "exited",
                 epoch = lease.epoch,
                 "command exited with status {code}"
             );
-            elector.release(&lease, cfg.min_hold).await;
+            if gone {
+                elector.release(&lease, cfg.min_hold).await;
+            } else {
+                tracing::warn!(
+                    event = "release_failed",
+                    epoch = lease.epoch,
+                    "processes the command started survive SIGKILL; the lease is left to expire"
+                );
+            }
             report.borrow_mut().released();
             code
         }
@@ -255,8 +366,13 @@ pub async fn run(cfg: RunConfig) -> i32 {
                 lost.reason
             );
             report.borrow_mut().lost();
+            if let Some(w) = watchdog.borrow_mut().as_mut() {
+                w.stopping();
+            }
             let kill_at = (clock.now() + t.kill_after).min(lost.deadline + t.kill_after);
-            let st = child.stop(&clock, kill_at, &mut signals).await;
+            let (st, _) = child.stop(&clock, kill_at, &mut signals).await;
+            child.cleanup();
+            finish(&watchdog);
             tracing::warn!(
                 event = "stopped",
                 epoch = lease.epoch,

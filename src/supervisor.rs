@@ -3,37 +3,48 @@
 //! The supervisor knows nothing of stores or leases; it is told an
 //! environment to add and, on loss, when SIGKILL is due.
 //!
-//! Contract §2.7, enforced in [`spawn`]:
+//! Contract §7 and §11, enforced in [`spawn`]:
 //! * the command runs from argv, never through a shell;
 //! * in its own process group, so the *whole* group can be signalled (a shell
-//!   script's own children included), and a terminal's Ctrl-C reaches it only
-//!   through leaderrun, once;
+//!   script's own children included), and in a cgroup of its own where one
+//!   can be made, so that descendants which leave the group are found too
+//!   (tree.rs). It joins the cgroup between fork and exec, before it can
+//!   start anything;
 //! * with `PR_SET_PDEATHSIG = SIGKILL`, so it dies with leaderrun even on
 //!   `kill -9`. Linux delivers that signal when the *thread* that forked the
-//!   child exits, not the process: leaderrun therefore runs a single-threaded
-//!   runtime and spawns from the main thread, which lives as long as the
-//!   process. The parent pid is re-checked after arming it, closing the race
-//!   where leaderrun died between fork and prctl;
-//! * with a guard process (guard.rs) that kills the whole group should
-//!   leaderrun itself be killed, since the parent-death signal reaches only
-//!   the child, not what the child started;
+//!   child exits, not the process: leaderrun therefore spawns from the main
+//!   thread, which lives as long as the process. The parent pid is
+//!   re-checked after arming it, closing the race where leaderrun died
+//!   between fork and prctl. What the command starts is the watchdog's
+//!   (watchdog.rs) to stop;
+//! * in the foreground of leaderrun's terminal, if leaderrun has one
+//!   (terminal.rs);
 //! * with default dispositions for every signal and an empty signal mask:
 //!   dispositions set to "ignore" survive `exec` (a shell's background job
 //!   starts with SIGINT and SIGQUIT ignored), and a child that cannot trap
-//!   SIGTERM cannot clean up.
+//!   SIGTERM cannot clean up. The one exception is SIGHUP ignored by
+//!   `nohup`, which is kept, as `nohup ./job` alone would keep it.
+//!
+//! leaderrun reaps its children itself (`waitpid(-1)` on SIGCHLD) rather
+//! than through tokio: as a child subreaper it must also reap the orphans it
+//! adopts, and it must see the command *stop* (job control), not only exit.
 
 use std::ffi::OsString;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::clock::{Clock, Stamp};
 use crate::exit;
+use crate::terminal::Terminal;
+use crate::tree::{Cgroup, Tree};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
@@ -53,11 +64,27 @@ impl SpawnError {
 }
 
 pub struct Child {
-    inner: tokio::process::Child,
     /// The child's pid, which is also its process group id.
-    pgid: Pid,
-    /// Kills the group should leaderrun die without cleaning up.
-    _guard: Option<crate::guard::Guard>,
+    pid: Pid,
+    /// Everything it started.
+    tree: Tree,
+    exited: Option<ExitStatus>,
+    stopped: bool,
+    sigchld: tokio::signal::unix::Signal,
+    terminal: Option<Terminal>,
+}
+
+/// How to start the command, beyond its argv and environment.
+pub struct Placement {
+    /// A cgroup to start it in (created by the caller; removed here when the
+    /// child turns out not to be in it).
+    pub cgroup: Option<Cgroup>,
+    /// The terminal to hand it, when leaderrun is in the foreground of one.
+    pub terminal: Option<Terminal>,
+    /// A descendant of leaderrun that is not the command's: the watchdog.
+    pub skip: Option<Pid>,
+    /// SIGHUP was ignored when leaderrun started (`nohup`): keep it so.
+    pub keep_hup_ignored: bool,
 }
 
 /// Find out, before any lease is taken, whether `argv[0]` can be run at all,
@@ -99,7 +126,11 @@ pub fn check_command(argv: &[OsString]) -> Result<(), SpawnError> {
 }
 
 /// Start `argv` with `env` added to leaderrun's own environment.
-pub fn spawn(argv: &[OsString], env: &[(&str, String)]) -> Result<Child, SpawnError> {
+pub fn spawn(
+    argv: &[OsString],
+    env: &[(&str, String)],
+    place: Placement,
+) -> Result<Child, SpawnError> {
     let shown = argv
         .first()
         .map(|a| a.to_string_lossy().into_owned())
@@ -107,6 +138,9 @@ pub fn spawn(argv: &[OsString], env: &[(&str, String)]) -> Result<Child, SpawnEr
     let Some((program, args)) = argv.split_first() else {
         return Err(SpawnError::NotFound("(empty command)".into()));
     };
+    // Listen before the child exists, so that no SIGCHLD is missed.
+    let sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+        .map_err(|e| SpawnError::NotExecutable(format!("cannot watch for the child: {e}")))?;
     let mut cmd = std::process::Command::new(program);
     cmd.args(args)
         .stdin(Stdio::inherit())
@@ -120,46 +154,95 @@ pub fn spawn(argv: &[OsString], env: &[(&str, String)]) -> Result<Child, SpawnEr
     // READY=1 would be taken as leaderrun's under NotifyAccess=all).
     cmd.env_remove("NOTIFY_SOCKET");
     let parent = nix::unistd::getpid();
+    let join = place.cgroup.as_ref().and_then(Cgroup::procs_for_join);
+    let join_fd = join.as_ref().map_or(-1, |f| f.as_raw_fd());
+    let tty_fd = place.terminal.map_or(-1, |t| t.fd());
+    let keep_hup = place.keep_hup_ignored;
     // SAFETY: the closure runs between fork and exec in the child and calls
-    // only async-signal-safe functions (prctl, getppid, sigaction,
-    // sigprocmask, kill); it allocates nothing.
+    // only async-signal-safe functions (write, prctl, getppid, getpid,
+    // tcsetpgrp, sigaction, sigprocmask, kill); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
+            use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet};
+            if join_fd >= 0 {
+                // "0" moves the writing process. A failure is found by the
+                // parent (Cgroup::contains) and handled there.
+                nix::libc::write(join_fd, b"0".as_ptr().cast(), 1);
+            }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             if nix::unistd::getppid() != parent {
                 // leaderrun is already gone: do not run unsupervised.
                 let _ = nix::sys::signal::raise(Signal::SIGKILL);
             }
+            if tty_fd >= 0 {
+                // SIGTTOU is still ignored here (inherited from leaderrun).
+                let _ = nix::unistd::tcsetpgrp(
+                    std::os::fd::BorrowedFd::borrow_raw(tty_fd),
+                    nix::unistd::getpid(),
+                );
+            }
+            let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
             for sig in Signal::iterator() {
-                if sig != Signal::SIGKILL && sig != Signal::SIGSTOP {
-                    let _ = nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl);
+                if sig == Signal::SIGKILL || sig == Signal::SIGSTOP {
+                    continue;
                 }
+                if sig == Signal::SIGHUP && keep_hup {
+                    let ign = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
+                    let _ = sigaction(sig, &ign);
+                    continue;
+                }
+                let _ = sigaction(sig, &dfl);
             }
             nix::sys::signal::sigprocmask(
                 nix::sys::signal::SigmaskHow::SIG_SETMASK,
-                Some(&nix::sys::signal::SigSet::empty()),
+                Some(&SigSet::empty()),
                 None,
             )?;
             Ok(())
         });
     }
-    let mut cmd = tokio::process::Command::from(cmd);
-    cmd.kill_on_drop(false);
-    match cmd.spawn() {
-        Ok(inner) => {
-            let pgid = Pid::from_raw(inner.id().map(|p| p as i32).unwrap_or(0));
-            Ok(Child {
-                inner,
-                pgid,
-                _guard: crate::guard::Guard::start(pgid),
-            })
+    let res = cmd.spawn();
+    drop(join);
+    let child = match res {
+        Ok(c) => c,
+        Err(e) => {
+            if let Some(cg) = &place.cgroup {
+                cg.remove();
+            }
+            return Err(match (e.kind(), e.raw_os_error()) {
+                (std::io::ErrorKind::NotFound, _) => SpawnError::NotFound(shown),
+                (_, Some(code)) if code == Errno::ENOTDIR as i32 => SpawnError::NotFound(shown),
+                _ => SpawnError::NotExecutable(format!("{shown}: {e}")),
+            });
         }
-        Err(e) => Err(match (e.kind(), e.raw_os_error()) {
-            (std::io::ErrorKind::NotFound, _) => SpawnError::NotFound(shown),
-            (_, Some(code)) if code == Errno::ENOTDIR as i32 => SpawnError::NotFound(shown),
-            _ => SpawnError::NotExecutable(format!("{shown}: {e}")),
-        }),
+    };
+    let pid = Pid::from_raw(child.id() as i32);
+    // The std handle is dropped unwaited: reaping is done here (see above).
+    drop(child);
+    let cgroup = place.cgroup.and_then(|cg| {
+        if cg.contains(pid) {
+            Some(cg)
+        } else {
+            cg.remove();
+            None
+        }
+    });
+    if let Some(t) = &place.terminal {
+        t.give(pid);
     }
+    Ok(Child {
+        pid,
+        tree: Tree {
+            pgid: pid,
+            cgroup,
+            root: Some(parent.as_raw()),
+            skip: place.skip.map(Pid::as_raw),
+        },
+        exited: None,
+        stopped: false,
+        sigchld,
+        terminal: place.terminal,
+    })
 }
 
 /// The exit status as a shell reports it: the code, or `128 + N` for a signal.
@@ -173,55 +256,99 @@ pub fn status_code(st: ExitStatus) -> i32 {
 
 impl Child {
     pub fn pid(&self) -> i32 {
-        self.pgid.as_raw()
+        self.pid.as_raw()
     }
 
-    /// Signal the whole group. A group that is already gone is fine.
+    pub fn cgroup(&self) -> Option<&Cgroup> {
+        self.tree.cgroup.as_ref()
+    }
+
+    /// Pass a signal to the command's group, as a shell passes one to a
+    /// job; a group that is stopped is continued after it, so the signal is
+    /// acted on. A group that is already gone is fine.
     pub fn signal(&self, sig: Signal) {
-        match killpg(self.pgid, sig) {
+        match killpg(self.pid, sig) {
             Ok(()) | Err(Errno::ESRCH) => {}
             Err(e) => tracing::warn!(
                 event = "signal_failed",
                 "cannot send {sig} to process group {}: {e}",
-                self.pgid
+                self.pid
             ),
+        }
+        if self.stopped {
+            let _ = killpg(self.pid, Signal::SIGCONT);
         }
     }
 
-    /// Wait for the child itself to exit (cancel-safe).
-    pub async fn wait(&mut self) -> ExitStatus {
+    /// Collect every child that changed state: the command (exit, stop,
+    /// continue) and any orphan adopted as subreaper (reaped and forgotten).
+    fn reap(&mut self) {
+        let flags = WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED | WaitPidFlag::WCONTINUED;
         loop {
-            match self.inner.wait().await {
-                Ok(st) => return st,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            match waitpid(None, Some(flags)) {
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
+                Err(Errno::EINTR) => continue,
                 Err(e) => {
                     tracing::error!(event = "wait_failed", "cannot wait for the child: {e}");
-                    return ExitStatus::from_raw(exit::FAILURE << 8);
+                    return;
                 }
+                Ok(WaitStatus::Exited(pid, code)) if pid == self.pid => {
+                    self.exited = Some(ExitStatus::from_raw((code & 0xff) << 8));
+                }
+                Ok(WaitStatus::Signaled(pid, sig, core)) if pid == self.pid => {
+                    self.exited = Some(ExitStatus::from_raw(
+                        sig as i32 | if core { 0x80 } else { 0 },
+                    ));
+                }
+                Ok(WaitStatus::Stopped(pid, sig)) if pid == self.pid => {
+                    self.stopped = true;
+                    let from_tty =
+                        matches!(sig, Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU);
+                    if let (Some(t), true) = (&self.terminal, from_tty) {
+                        t.suspend_with(self.pid);
+                    }
+                }
+                Ok(WaitStatus::Continued(pid)) if pid == self.pid => self.stopped = false,
+                Ok(_) => {}
             }
         }
     }
 
-    /// SIGTERM to the group now, SIGKILL at `kill_at` (at once when that has
-    /// passed), then reap. Signals that arrive meanwhile are still forwarded.
+    /// Wait for the command itself to exit (cancel-safe).
+    pub async fn wait(&mut self) -> ExitStatus {
+        loop {
+            self.reap();
+            if let Some(st) = self.exited {
+                if let Some(t) = &self.terminal {
+                    t.take_back();
+                }
+                return st;
+            }
+            self.sigchld.recv().await;
+        }
+    }
+
+    /// SIGTERM (and SIGCONT) to everything now, SIGKILL at `kill_at` (at
+    /// once when that has passed), then reap. Signals that arrive meanwhile
+    /// are still forwarded. True when everything is gone.
     pub async fn stop<C: Clock>(
         &mut self,
         clock: &C,
         kill_at: Stamp,
         forward: &mut UnboundedReceiver<Signal>,
-    ) -> ExitStatus {
-        self.signal(Signal::SIGTERM);
+    ) -> (ExitStatus, bool) {
+        self.tree.signal(Signal::SIGTERM);
         let mut killed = false;
         loop {
             tokio::select! {
                 biased;
                 st = self.wait() => {
-                    self.sweep_group(clock, kill_at).await;
-                    return st;
+                    let gone = self.sweep(clock, kill_at).await;
+                    return (st, gone);
                 }
                 _ = clock.sleep_until(kill_at), if !killed => {
-                    tracing::warn!(event = "kill", pid = self.pid(), "child still running at the kill deadline: SIGKILL to its process group");
-                    self.signal(Signal::SIGKILL);
+                    tracing::warn!(event = "kill", pid = self.pid(), "the command still runs at the kill deadline: SIGKILL to everything it started");
+                    self.tree.signal(Signal::SIGKILL);
                     killed = true;
                 }
                 Some(sig) = forward.recv() => self.signal(sig),
@@ -229,52 +356,47 @@ impl Child {
         }
     }
 
-    /// After the child itself exited: processes it left in its group (a
-    /// backgrounded `&` job) must not outlive it unsupervised. TERM, then
-    /// KILL at `kill_at`.
-    pub async fn sweep_group<C: Clock>(&self, clock: &C, kill_at: Stamp) {
-        if !group_alive(self.pgid) {
-            return;
+    /// After the command itself exited: what it left behind (a backgrounded
+    /// `&` job, a daemon that left its group) must not outlive it
+    /// unsupervised. TERM, then KILL at `kill_at`. True when everything is
+    /// gone; false when something survived SIGKILL (uninterruptible sleep),
+    /// and the lease must then not be handed back early.
+    pub async fn sweep<C: Clock>(&mut self, clock: &C, kill_at: Stamp) -> bool {
+        self.reap();
+        if !self.tree.alive() {
+            return true;
         }
         tracing::warn!(
             event = "group_swept",
-            pgid = self.pgid.as_raw(),
-            "the child left processes in its group; stopping them"
+            pgid = self.pid(),
+            "the command left processes behind; stopping them"
         );
-        self.signal(Signal::SIGTERM);
-        while group_alive(self.pgid) {
-            if clock.now() >= kill_at {
-                self.signal(Signal::SIGKILL);
-                return;
+        self.tree.signal(Signal::SIGTERM);
+        let mut killed_at = None;
+        loop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            self.reap();
+            if !self.tree.alive() {
+                return true;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            let now = clock.now();
+            match killed_at {
+                None if now >= kill_at => {
+                    self.tree.signal(Signal::SIGKILL);
+                    killed_at = Some(now);
+                }
+                // A process SIGKILL does not end within a second is stuck in
+                // the kernel; waiting longer gains nothing.
+                Some(t) if now >= t + Duration::from_secs(1) => return false,
+                _ => {}
+            }
         }
     }
-}
 
-/// Whether any process of the group is still running. Zombies do not count:
-/// an orphan's zombie waits for init to reap it and runs nothing, but it
-/// still answers `kill(-pgid, 0)`.
-fn group_alive(pgid: Pid) -> bool {
-    if killpg(pgid, None).is_err() {
-        return false;
+    /// Remove the cgroup once it is empty.
+    pub fn cleanup(&self) {
+        if let Some(cg) = &self.tree.cgroup {
+            cg.remove();
+        }
     }
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return true;
-    };
-    dir.flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .any(|stat| {
-            // "pid (comm) state ppid pgrp ...": comm may contain spaces and
-            // parentheses, so parse from the last ')'.
-            let mut f = stat.rsplit(')').next().unwrap_or("").split_whitespace();
-            let state = f.next();
-            let pgrp = f.nth(1).and_then(|p| p.parse::<i32>().ok());
-            pgrp == Some(pgid.as_raw()) && state != Some("Z")
-        })
 }

@@ -57,9 +57,9 @@ fn subcommands_against(store: &str) {
     assert_eq!(r.code, Some(1));
     assert!(r.stderr.contains("not live at epoch 2"), "{}", r.stderr);
 
-    // The holder dies without releasing: the lease would block for 30 s.
-    signal(a.id(), Signal::SIGKILL);
-    let _ = a.wait();
+    // The holder and its watchdog die without releasing: the lease would
+    // block for 30 s.
+    kill_holder_and_watchdog(&mut a);
     assert_eq!(
         admin(store, &["release", "--name", "sweep", "--epoch", "7"]).code,
         Some(1),

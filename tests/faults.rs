@@ -23,7 +23,52 @@ fn remaining_ms(pg: &Pg, name: &str) -> u64 {
 /// `kill -9` of the holder: its child dies with it, and a waiting rival takes
 /// over with a higher epoch once the lease expires — not before.
 #[test]
-fn killed_holder_child_dies_and_rival_takes_over_after_expiry() {
+fn killed_holder_is_cleaned_up_by_its_watchdog_and_rival_takes_over_at_once() {
+    let pg = Pg::start();
+    let dir = TempDir::new("kill9fast");
+    // Default timing: waiting out the lease would take 15 s.
+    let mut a = spawn(
+        lr(&pg.url(), "k", &[], &worker(&dir, "a")),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.pid"), 10 * SEC);
+    let a_child = pid_in(&dir.file("a.pid"));
+    let mut b = spawn(
+        lr(
+            &pg.url(),
+            "k",
+            &["--wait", "--retry", "100ms"],
+            &worker(&dir, "b"),
+        ),
+        &dir.file("b.log"),
+    );
+    std::thread::sleep(300 * MS);
+    assert!(
+        !dir.file("b.pid").exists(),
+        "rival ran while the lease was held"
+    );
+    let t0 = Instant::now();
+    signal(a.id(), Signal::SIGKILL);
+    let _ = a.wait();
+    let died = wait_for("A's child to die with A", 2 * SEC, || !alive(a_child));
+    assert!(died < 500 * MS, "child outlived leaderrun by {died:?}");
+    wait_file(&dir.file("b.pid"), 10 * SEC);
+    let took = t0.elapsed();
+    assert_eq!(read(&dir.file("b.epoch")).trim(), "2");
+    // The watchdog released at epoch 1 once the child was gone: B leads
+    // within its retry interval (plus start-up), far sooner than L - R.
+    assert!(took < 1500 * MS, "took over after {took:?}, not at once");
+    assert!(
+        read(&dir.file("a.log")).contains("lease released"),
+        "{}",
+        read(&dir.file("a.log"))
+    );
+    signal(b.id(), Signal::SIGTERM);
+    wait_exit(&mut b, 5 * SEC);
+}
+
+#[test]
+fn killed_holder_and_watchdog_child_dies_and_rival_takes_over_after_expiry() {
     let pg = Pg::start();
     let dir = TempDir::new("kill9");
     let lease = ["--lease", "2s"]; // R = 667 ms
@@ -49,8 +94,7 @@ fn killed_holder_child_dies_and_rival_takes_over_after_expiry() {
     );
 
     let t0 = Instant::now();
-    signal(a.id(), Signal::SIGKILL);
-    let _ = a.wait();
+    kill_holder_and_watchdog(&mut a);
     let died = wait_for("A's child to die with A", 2 * SEC, || !alive(a_child));
     assert!(died < 500 * MS, "child outlived leaderrun by {died:?}");
 

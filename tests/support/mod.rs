@@ -274,3 +274,32 @@ pub fn child_groups(ppid: u32) -> Vec<i32> {
         })
         .collect()
 }
+
+/// The watchdog process of the leaderrun with pid `lr`, found by its argv.
+pub fn watchdog_of(lr: u32) -> Option<i32> {
+    child_groups(lr).into_iter().find(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| c.split(|b| *b == 0).any(|a| a == b"--be-watchdog"))
+            .unwrap_or(false)
+    })
+}
+
+/// `kill -9` of a leaderrun *and* its watchdog: a holder gone without a
+/// trace, whose lease only expiry frees.
+pub fn kill_holder_and_watchdog(lr: &mut Child) {
+    let w = wait_until_some("the watchdog", Duration::from_secs(5), || {
+        watchdog_of(lr.id())
+    });
+    signal(w as u32, nix::sys::signal::Signal::SIGKILL);
+    signal(lr.id(), nix::sys::signal::Signal::SIGKILL);
+    let _ = lr.wait();
+}
+
+pub fn wait_until_some<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let mut out = None;
+    wait_for(what, limit, || {
+        out = f();
+        out.is_some()
+    });
+    out.expect("checked")
+}
