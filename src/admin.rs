@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::cli::{Admin, Common};
 use crate::exit;
 use crate::json::Json;
-use crate::store::{LeaseInfo, StoreAdmin, StoreError};
+use crate::store::{Init, LeaseInfo, StoreAdmin, StoreError};
 
 /// Admin calls are one-shot; this bounds connecting plus the statement.
 const CALL: Duration = Duration::from_secs(10);
@@ -14,11 +14,19 @@ const CALL: Duration = Duration::from_secs(10);
 pub const NO: i32 = 1;
 
 pub async fn run(cmd: Admin, common: Common) -> i32 {
-    let mut store = match crate::store::resolve(common.store, "leaderrun admin", CALL) {
+    let choice = crate::store::choose(common.store, common.store_origin);
+    if let (Admin::Init { print: true }, None) = (&cmd, &choice) {
+        // No store configured: the embedded one creates its own table, so
+        // whoever asks for SQL means a server's, and Postgres is the default.
+        print_schema(crate::store::postgres::SCHEMA, "no store configured; ");
+        return 0;
+    }
+    let choice = choice.as_ref().map(|(s, o)| (s.as_str(), *o));
+    let mut store = match crate::store::open(choice, "leaderrun admin", CALL) {
         Ok(s) => s,
-        Err(msg) => {
-            eprintln!("leaderrun: error: {msg}");
-            return exit::USAGE;
+        Err(e) => {
+            eprintln!("leaderrun: error: {e}");
+            return e.exit_code();
         }
     };
     tracing::info!(event = "store", "store {}", store.describe());
@@ -29,17 +37,26 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
         Admin::Status { name, json } => status(&mut store, name, json).await,
         Admin::Release { name, epoch } => release(&mut store, &name, epoch).await,
         Admin::Check { name, epoch } => check(&mut store, &name, epoch).await,
-        Admin::Init { print } => {
-            if print {
-                println!("{};", store.table_sql());
+        Admin::Init { print: true } => match store.schema() {
+            Some(schema) => {
+                print_schema(schema, "");
                 Ok(0)
-            } else {
-                store.init(CALL).await.map(|()| {
-                    println!("lease table ready in {}", store.describe());
-                    0
-                })
             }
-        }
+            None => {
+                eprintln!(
+                    "leaderrun: {} keeps no table; there is no SQL to print",
+                    store.describe()
+                );
+                Ok(0)
+            }
+        },
+        Admin::Init { print: false } => store.init(CALL).await.map(|done| {
+            match done {
+                Init::Ready => println!("lease table ready in {}", store.describe()),
+                Init::NothingToDo => println!("nothing to do: {} keeps no table", store.describe()),
+            }
+            0
+        }),
     };
     match res {
         Ok(code) => code,
@@ -48,6 +65,16 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
             exit::FAILURE
         }
     }
+}
+
+/// The table's SQL, after a comment naming its dialect (so that SQL for one
+/// server is not fed to another by mistake).
+fn print_schema(schema: crate::store::Schema, why: &str) {
+    println!(
+        "-- leaderrun lease table, {why}dialect: {} (other stores: pass --store)",
+        schema.dialect
+    );
+    println!("{};", schema.sql);
 }
 
 async fn status<S: StoreAdmin + crate::store::Store>(

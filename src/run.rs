@@ -6,13 +6,11 @@ use std::ffi::OsString;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use clap::Parser;
-
 use crate::cli::{one_line_error, Cli, Common, RunArgs};
 use crate::clock::{BootClock, Clock};
 use crate::elector::{describe_held, Elector, Lost, Waited};
 use crate::report::{self, Reporter};
-use crate::store::AnyStore;
+use crate::store::{AnyStore, StoreAdmin};
 use crate::supervisor::{self, status_code};
 use crate::timing::{Timing, TimingArgs};
 use crate::{exit, logging, names, signals};
@@ -31,20 +29,67 @@ pub struct RunConfig {
     pub metrics_file: Option<std::path::PathBuf>,
 }
 
+/// Why the run form cannot start: one line, and the exit status it means
+/// (2 for usage errors, 125 when the environment leaves no store).
+#[derive(Debug)]
+pub struct Refused {
+    pub code: i32,
+    pub msg: String,
+}
+
+impl From<String> for Refused {
+    fn from(msg: String) -> Refused {
+        Refused {
+            code: exit::USAGE,
+            msg,
+        }
+    }
+}
+
+impl From<&str> for Refused {
+    fn from(msg: &str) -> Refused {
+        msg.to_string().into()
+    }
+}
+
 impl RunConfig {
-    /// Usage errors come back as one line of text (exit 2).
-    pub fn from_cli(common: Common, run: RunArgs) -> Result<RunConfig, String> {
-        let timing = Timing::resolve(TimingArgs {
+    pub fn from_cli(common: Common, run: RunArgs) -> Result<RunConfig, Refused> {
+        let args = TimingArgs {
             lease: run.lease,
             renew: run.renew,
             give_up: run.give_up,
             kill_after: run.kill_after,
             retry: run.retry,
-        })
-        .map_err(|e| e.to_string())?;
+        };
+        let timing = Timing::resolve(args).map_err(|e| e.to_string())?;
         let name = run.name.ok_or("--name is required")?;
-        let store =
-            crate::store::resolve(common.store, &format!("leaderrun {name}"), timing.give_up)?;
+        let store = crate::store::resolve(
+            common.store,
+            common.store_origin,
+            &format!("leaderrun {name}"),
+            timing.give_up,
+        )
+        .map_err(|e| Refused {
+            code: e.exit_code(),
+            msg: e.to_string(),
+        })?;
+        // The timing must hold for the lease the store really grants (a
+        // store with whole-second leases rounds up), not the one asked for.
+        let granted = store.capabilities().grant(timing.lease)?;
+        let timing = if granted == timing.lease {
+            timing
+        } else {
+            Timing::resolve(TimingArgs {
+                lease: Some(granted),
+                ..args
+            })
+            .map_err(|e| {
+                format!(
+                    "{e} (the store grants a lease of {})",
+                    humantime::format_duration(granted)
+                )
+            })?
+        };
         if run.command.first().is_none_or(|c| c.is_empty()) {
             return Err("the command after -- must not be empty".into());
         }
@@ -65,7 +110,7 @@ impl RunConfig {
 
 /// Parse the command line, run, and return the exit status.
 pub fn main_entry() -> i32 {
-    let cli = match Cli::try_parse() {
+    let cli = match crate::cli::parse() {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
@@ -98,9 +143,9 @@ pub fn main_entry() -> i32 {
     }
     let cfg = match RunConfig::from_cli(common, run_args) {
         Ok(c) => c,
-        Err(msg) => {
-            eprintln!("leaderrun: error: {msg}");
-            return exit::USAGE;
+        Err(r) => {
+            eprintln!("leaderrun: error: {}", r.msg);
+            return r.code;
         }
     };
     logging::set_context(&cfg.name, &cfg.holder);
