@@ -154,7 +154,7 @@ async fn release<S: StoreAdmin>(
                 was.holder.as_deref().unwrap_or("-"),
                 was.epoch,
                 state(&was),
-                was.epoch + 1
+                was.epoch.saturating_add(1)
             );
             Ok(0)
         }
