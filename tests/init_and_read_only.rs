@@ -52,6 +52,15 @@ fn init_print_names_the_dialect_of_the_configured_store() {
     );
     assert!(r.stdout.contains("boot_id"), "{}", r.stdout);
     assert!(!dir.file("l.db").exists(), "--print connected");
+    let r = admin(Some("mysql://u:pw@127.0.0.1:1/x"), &["init", "--print"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        r.stdout
+            .starts_with("-- leaderrun lease table, dialect: MySQL/MariaDB"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("DATETIME(6)"), "{}", r.stdout);
 }
 
 /// The printed Postgres SQL, piped into psql, gives a table every later run

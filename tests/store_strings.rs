@@ -32,7 +32,7 @@ fn unparsable_store_strings_name_their_origin_and_are_never_echoed() {
             "is not valid: invalid port number",
         ),
         ("postgres://app:Se#cr3t@db/jobs", "Se#cr3t", "is not valid"),
-        ("postgres://app:Se?cr3t@db/jobs", "Se?cr3t", "is not valid"),
+        ("mysql://app:Se?cr3t@db/jobs", "Se?cr3t", "is not valid"),
         // digits only: "port" 12 parses, the rest would land in the path
         ("postgres://app:12/34Zz@db/jobs", "34Zz", "is not valid"),
         // libpq key/value form, and an unknown scheme

@@ -42,6 +42,7 @@
 //! One file implementing [`Store`] and [`StoreAdmin`], and one line in
 //! [`REGISTRY`] naming its URL schemes and its constructor.
 
+pub mod mysql;
 pub mod postgres;
 mod sql;
 pub mod sqlite;
@@ -56,6 +57,7 @@ use crate::redact;
 /// `open` checks the URL's syntax and connects to nothing.
 pub const REGISTRY: &[(&[&str], Open)] = &[
     (&["postgres", "postgresql"], postgres::open),
+    (&["mysql", "mariadb"], mysql::open),
     (&["sqlite"], sqlite::open),
 ];
 
@@ -598,7 +600,7 @@ mod tests {
             ),
             ("postgres://u:p#ss@h/db", "p#ss", "is not valid"),
             ("postgres://u:p?ss@h/db", "p?ss", "is not valid"),
-            ("postgres://u:12/34@h/db", "12/34", "is not valid"),
+            ("mysql://u:12/34@h/db", "12/34", "is not valid"),
             ("postgres://u:12#34@h/db", "12#34", "is not valid"),
             (
                 "host=db password=hunter2 dbname=x",
@@ -629,8 +631,8 @@ mod tests {
                 "postgres://u:***@h:5/db?sslmode=disable",
             ),
             (
-                "postgres://u:x@h/db?password=y",
-                "postgres://u:***@h/db?password=***",
+                "mysql://u:x@h/db?password=y",
+                "mysql://u:***@h/db?password=***",
             ),
         ] {
             let s = open(Some((raw, Origin::Flag)), "t", Duration::from_secs(1)).expect(raw);
