@@ -8,6 +8,7 @@ pub mod checker;
 pub mod mysql;
 pub mod pg;
 pub mod proxy;
+pub mod stores;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
