@@ -55,7 +55,7 @@ pub struct Cli {
 /// Options every form takes.
 #[derive(Debug, Args)]
 pub struct Common {
-    /// Store URL: postgres://user:pass@host/db or sqlite://PATH [default: DATABASE_URL, then the embedded single-host store]
+    /// Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]
     #[arg(
         short,
         long,
