@@ -622,6 +622,24 @@ mod tests {
         }
     }
 
+    /// sqlx logs parameters it does not know together with their value.
+    #[test]
+    fn unknown_parameters_are_refused_by_name_only() {
+        let e = err("postgres://u@h/db?pasword=Hunter2x");
+        assert!(e.contains("unknown parameter pasword"), "{e}");
+        let e = err("mysql://u@h/db?Hunter2x=1");
+        assert!(
+            e.contains("a query parameter that is not understood"),
+            "{e}"
+        );
+        for e in [
+            err("postgres://u@h/db?pasword=Hunter2x"),
+            err("mysql://u@h/db?Hunter2x=1"),
+        ] {
+            assert!(!e.contains("Hunter2x"), "{e}");
+        }
+    }
+
     #[test]
     fn passwords_are_hidden_in_the_description() {
         for (raw, shown) in [

@@ -155,7 +155,7 @@ struct My {
 
 /// The registry's constructor for `mysql://` and `mariadb://`.
 pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
-    super::postgres::check_params(t.url, KNOWN_PARAMS)?;
+    sql::check_params(t.url, KNOWN_PARAMS)?;
     // sqlx reads the URL the same way for both schemes; `mariadb://` is
     // only a name people use.
     let opts = MySqlConnectOptions::from_url(t.url)

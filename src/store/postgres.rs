@@ -130,26 +130,6 @@ pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
     )?))
 }
 
-/// Refuse query parameters the driver would not understand, naming the
-/// parameter only when it looks like one.
-pub(crate) fn check_params(url: &url::Url, known: &[&str]) -> Result<(), String> {
-    for (k, _) in url.query_pairs() {
-        let options_entry = known.contains(&"options") && k.starts_with("options[");
-        if !known.contains(&k.as_ref()) && !options_entry {
-            let plain = !k.is_empty()
-                && k.len() <= 40
-                && k.chars()
-                    .all(|c| c.is_ascii_lowercase() || c == '_' || c == '-');
-            return Err(if plain {
-                format!("has an unknown parameter {k}")
-            } else {
-                "has a query parameter that is not understood".to_string()
-            });
-        }
-    }
-    Ok(())
-}
-
 impl PgStore {
     /// Parse the URL; nothing is connected until the first call.
     /// `statement_timeout` is also set server-side (statement and lock
@@ -165,7 +145,7 @@ impl PgStore {
         app_name: &str,
         statement_timeout: Duration,
     ) -> Result<PgStore, String> {
-        check_params(url, KNOWN_PARAMS)?;
+        sql::check_params(url, KNOWN_PARAMS)?;
         let opts = PgConnectOptions::from_url(url)
             .map_err(|e| format!("is not valid: {}", sql::message(&e)))?;
         let ms = millis(statement_timeout).max(1).to_string();
