@@ -5,8 +5,7 @@ use std::time::Duration;
 use crate::cli::{Admin, Common};
 use crate::exit;
 use crate::json::Json;
-use crate::stderr::out;
-use crate::store::{LeaseInfo, StoreAdmin, StoreError};
+use crate::store::{Init, LeaseInfo, StoreAdmin, StoreError};
 
 /// Admin calls are one-shot; this bounds connecting plus the statement.
 const CALL: Duration = Duration::from_secs(10);
@@ -15,11 +14,19 @@ const CALL: Duration = Duration::from_secs(10);
 pub const NO: i32 = 1;
 
 pub async fn run(cmd: Admin, common: Common) -> i32 {
-    let mut store = match crate::store::resolve(common.store, "leaderrun admin", CALL) {
+    let choice = crate::store::choose(common.store, common.store_origin);
+    if let (Admin::Init { print: true }, None) = (&cmd, &choice) {
+        // No store configured: the embedded one creates its own table, so
+        // whoever asks for SQL means a server's, and Postgres is the default.
+        print_schema(crate::store::postgres::SCHEMA, "no store configured; ");
+        return 0;
+    }
+    let choice = choice.as_ref().map(|(s, o)| (s.as_str(), *o));
+    let mut store = match crate::store::open(choice, "leaderrun admin", CALL) {
         Ok(s) => s,
-        Err(msg) => {
-            crate::stderr::line(&format!("error: {msg}"));
-            return exit::USAGE;
+        Err(e) => {
+            crate::errln!("leaderrun: error: {e}");
+            return e.exit_code();
         }
     };
     tracing::info!(event = "store", "store {}", store.describe());
@@ -30,17 +37,28 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
         Admin::Status { name, json } => status(&mut store, name, json).await,
         Admin::Release { name, epoch } => release(&mut store, &name, epoch).await,
         Admin::Check { name, epoch } => check(&mut store, &name, epoch).await,
-        Admin::Init { print } => {
-            if print {
-                out(&format!("{};\n", store.table_sql()));
+        Admin::Init { print: true } => match store.schema() {
+            Some(schema) => {
+                print_schema(schema, "");
                 Ok(0)
-            } else {
-                store.init(CALL).await.map(|()| {
-                    out(&format!("lease table ready in {}\n", store.describe()));
-                    0
-                })
             }
-        }
+            None => {
+                crate::errln!(
+                    "leaderrun: {} keeps no table; there is no SQL to print",
+                    store.describe()
+                );
+                Ok(0)
+            }
+        },
+        Admin::Init { print: false } => store.init(CALL).await.map(|done| {
+            match done {
+                Init::Ready => crate::outln!("lease table ready in {}", store.describe()),
+                Init::NothingToDo => {
+                    crate::outln!("nothing to do: {} keeps no table", store.describe())
+                }
+            }
+            0
+        }),
     };
     match res {
         Ok(code) => code,
@@ -49,6 +67,16 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
             exit::FAILURE
         }
     }
+}
+
+/// The table's SQL, after a comment naming its dialect (so that SQL for one
+/// server is not fed to another by mistake).
+fn print_schema(schema: crate::store::Schema, why: &str) {
+    crate::outln!(
+        "-- leaderrun lease table, {why}dialect: {} (other stores: pass --store)",
+        schema.dialect
+    );
+    crate::outln!("{};", schema.sql);
 }
 
 async fn status<S: StoreAdmin + crate::store::Store>(
@@ -63,11 +91,8 @@ async fn status<S: StoreAdmin + crate::store::Store>(
     if json {
         let objs: Vec<String> = leases.iter().map(lease_json).collect();
         match &name {
-            Some(_) => out(&format!(
-                "{}\n",
-                objs.first().map(String::as_str).unwrap_or("null")
-            )),
-            None => out(&format!("[{}]\n", objs.join(","))),
+            Some(_) => crate::outln!("{}", objs.first().map(String::as_str).unwrap_or("null")),
+            None => crate::outln!("[{}]", objs.join(",")),
         }
     } else if !leases.is_empty() {
         let w = leases
@@ -82,23 +107,15 @@ async fn status<S: StoreAdmin + crate::store::Store>(
             .max()
             .unwrap_or(6)
             .max(6);
-        out(&format!(
-            "{:w$}  {:hw$}  {:>6}  STATE\n",
-            "NAME", "HOLDER", "EPOCH"
-        ));
+        crate::outln!("{:w$}  {:hw$}  {:>6}  STATE", "NAME", "HOLDER", "EPOCH");
         for l in &leases {
             let holder = l.holder.as_deref().unwrap_or("-");
-            out(&format!(
-                "{:w$}  {holder:hw$}  {:>6}  {}\n",
-                l.name,
-                l.epoch,
-                state(l)
-            ));
+            crate::outln!("{:w$}  {holder:hw$}  {:>6}  {}", l.name, l.epoch, state(l));
         }
     }
     if name.is_some() && leases.is_empty() {
         if !json {
-            crate::stderr::line(&format!("no lease named {}", name.unwrap_or_default()));
+            crate::errln!("leaderrun: no lease named {}", name.unwrap_or_default());
         }
         return Ok(NO);
     }
@@ -134,21 +151,21 @@ async fn release<S: StoreAdmin>(
 ) -> Result<i32, StoreError> {
     match store.clear(name, epoch, CALL).await? {
         Some(was) => {
-            out(&format!(
-                "released {name}: was held by {} at epoch {} ({}); the next holder gets epoch {} or higher\n",
+            crate::outln!(
+                "released {name}: was held by {} at epoch {} ({}); the next holder gets epoch {} or higher",
                 was.holder.as_deref().unwrap_or("-"),
                 was.epoch,
                 state(&was),
-                was.epoch + 1
-            ));
+                was.epoch.saturating_add(1)
+            );
             Ok(0)
         }
         None => {
             match epoch {
-                Some(e) => crate::stderr::line(&format!(
-                    "{name} is not held at epoch {e}; nothing released"
-                )),
-                None => crate::stderr::line(&format!("{name} is not held; nothing released")),
+                Some(e) => {
+                    crate::errln!("leaderrun: {name} is not held at epoch {e}; nothing released")
+                }
+                None => crate::errln!("leaderrun: {name} is not held; nothing released"),
             }
             Ok(NO)
         }

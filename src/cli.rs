@@ -53,7 +53,7 @@ pub struct Cli {
 /// Options every form takes.
 #[derive(Debug, Args)]
 pub struct Common {
-    /// Store URL: postgres://user:pass@host/db or sqlite://PATH [default: DATABASE_URL, then the embedded single-host store]
+    /// Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]
     #[arg(
         short,
         long,
@@ -63,6 +63,11 @@ pub struct Common {
         global = true
     )]
     pub store: Option<String>,
+
+    /// Whether `store` came from `--store` or `LEADERRUN_STORE` (filled in
+    /// by [`parse`]; errors name it instead of echoing the URL).
+    #[arg(skip)]
+    pub store_origin: crate::store::Origin,
 
     /// More output: -v lifecycle (acquired, released), -vv every renewal
     #[arg(short, long, action = ArgAction::Count, global = true)]
@@ -165,6 +170,30 @@ pub enum Admin {
         #[arg(long)]
         print: bool,
     },
+}
+
+/// Parse the command line, noting where `--store` came from.
+pub fn parse() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let m = Cli::command().try_get_matches()?;
+    let mut cli = Cli::from_arg_matches(&m)?;
+    cli.common.store_origin = store_origin(&m);
+    Ok(cli)
+}
+
+/// `--store` is global: its value (and source) may sit in a subcommand's
+/// matches.
+fn store_origin(m: &clap::ArgMatches) -> crate::store::Origin {
+    use clap::parser::ValueSource;
+    let mut here = Some(m);
+    while let Some(m) = here {
+        match m.value_source("store") {
+            Some(ValueSource::EnvVariable) => return crate::store::Origin::LeaderrunStore,
+            Some(ValueSource::CommandLine) => return crate::store::Origin::Flag,
+            _ => here = m.subcommand().map(|(_, sub)| sub),
+        }
+    }
+    crate::store::Origin::Flag
 }
 
 /// clap's error, as one line: cron mail and journals keep it whole.

@@ -1,144 +1,116 @@
 //! Keeping passwords out of logs, errors and cron mail.
 //!
 //! A store URL may carry a password in its userinfo (`postgres://u:pw@h/db`)
-//! or as a query parameter (`?password=pw`). Every place that shows a URL
-//! shows [`Redacted::url`]; every error text that leaves the store passes
-//! through [`Redacted::scrub`], which also removes the raw password should a
-//! driver ever echo it.
+//! or as a query parameter (`?password=pw`). Redaction works on the *parsed*
+//! URL: the password fields are replaced, and only the result is ever shown.
+//! Nothing searches error text for the password: a string that does not
+//! parse is never shown at all (the caller names where it came from), and a
+//! search for a short password would star out ordinary words and so reveal
+//! it.
 
 use std::fmt;
 
-#[derive(Clone)]
-pub struct Redacted {
-    shown: String,
-    secrets: Vec<String>,
-}
+/// Query parameters that carry a secret, in any store's URL.
+const SECRET_PARAMS: [&str; 3] = ["password", "sslpassword", "pass"];
+
+/// A store URL with every password replaced by `***`, ready to show.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Redacted(String);
 
 impl fmt::Debug for Redacted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.shown)
+        f.write_str(&self.0)
     }
 }
 
 impl fmt::Display for Redacted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.shown)
+        f.write_str(&self.0)
     }
 }
 
 impl Redacted {
-    pub fn new(url: &str) -> Redacted {
-        let mut secrets = Vec::new();
-        let mut shown = url.to_string();
-
-        // userinfo: scheme://user:password@host...
-        if let Some(scheme_end) = url.find("://") {
-            let rest = &url[scheme_end + 3..];
-            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            let authority = &rest[..authority_end];
-            if let Some(at) = authority.rfind('@') {
-                let userinfo = &authority[..at];
-                if let Some(colon) = userinfo.find(':') {
-                    let pw = &userinfo[colon + 1..];
-                    if !pw.is_empty() {
-                        secrets.push(pw.to_string());
-                        let start = scheme_end + 3 + colon + 1;
-                        shown = format!("{}***{}", &url[..start], &url[start + pw.len()..]);
-                    }
-                }
-            }
+    pub fn new(url: &url::Url) -> Redacted {
+        let mut shown = url.clone();
+        if shown.password().is_some() {
+            // Only fails for URLs that cannot have a password at all, which
+            // then have none to hide.
+            let _ = shown.set_password(Some("***"));
         }
-        // query parameters named password / sslpassword
-        if let Some(q) = shown.find('?') {
-            let (head, query) = shown.split_at(q + 1);
-            let parts: Vec<String> = query
-                .split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, v))
-                        if k.eq_ignore_ascii_case("password")
-                            || k.eq_ignore_ascii_case("sslpassword") =>
-                    {
-                        if !v.is_empty() {
-                            secrets.push(v.to_string());
-                        }
-                        format!("{k}=***")
-                    }
-                    _ => kv.to_string(),
+        if shown.query().is_some() {
+            let pairs: Vec<(String, String)> = url
+                .query_pairs()
+                .map(|(k, v)| {
+                    let secret = SECRET_PARAMS.iter().any(|s| k.eq_ignore_ascii_case(s));
+                    (
+                        k.into_owned(),
+                        if secret { "***".into() } else { v.into_owned() },
+                    )
                 })
                 .collect();
-            shown = format!("{head}{}", parts.join("&"));
+            let mut q = shown.query_pairs_mut();
+            q.clear();
+            for (k, v) in &pairs {
+                q.append_pair(k, v);
+            }
         }
-        // A password is also shown percent-decoded by some drivers.
-        let decoded: Vec<String> = secrets
-            .iter()
-            .filter_map(|s| percent_decode(s).filter(|d| d != s))
-            .collect();
-        secrets.extend(decoded);
-        secrets.retain(|s| !s.is_empty());
-        Redacted { shown, secrets }
+        // `***` is percent-encoded by the setters; show it as typed.
+        Redacted(shown.as_str().replace("%2A%2A%2A", "***"))
     }
 
-    /// The URL with any password replaced by `***`.
     pub fn url(&self) -> &str {
-        &self.shown
-    }
-
-    /// `text` with every occurrence of a password replaced by `***`.
-    pub fn scrub(&self, text: &str) -> String {
-        let mut out = text.to_string();
-        for s in &self.secrets {
-            out = out.replace(s.as_str(), "***");
-        }
-        out
+        &self.0
     }
 }
 
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+/// The scheme of `raw` when it plainly starts with one (`[a-z][a-z0-9+.-]*`
+/// followed by `://`), else `None`. This is the only part of a store string
+/// that is shown when the string is not understood.
+pub fn plain_scheme(raw: &str) -> Option<&str> {
+    let (scheme, _) = raw.split_once("://")?;
+    let mut chars = scheme.chars();
+    let first = chars.next()?;
+    let plain = first.is_ascii_lowercase()
+        && chars
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '+' | '.' | '-'));
+    plain.then_some(scheme)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn shown(s: &str) -> String {
+        Redacted::new(&url::Url::parse(s).expect("parses")).to_string()
+    }
+
     #[test]
     fn userinfo_password_is_hidden() {
-        let r = Redacted::new("postgres://app:s3cret@db.example:5432/jobs?sslmode=require");
         assert_eq!(
-            r.url(),
+            shown("postgres://app:s3cret@db.example:5432/jobs?sslmode=require"),
             "postgres://app:***@db.example:5432/jobs?sslmode=require"
         );
-        assert_eq!(r.scrub("auth failed with s3cret"), "auth failed with ***");
     }
 
     #[test]
     fn query_password_is_hidden() {
-        let r = Redacted::new("postgres://db/jobs?user=app&password=hunter2&sslmode=disable");
         assert_eq!(
-            r.url(),
+            shown("postgres://db/jobs?user=app&password=hunter2&sslmode=disable"),
             "postgres://db/jobs?user=app&password=***&sslmode=disable"
         );
-        assert!(!r.scrub("x hunter2 y").contains("hunter2"));
     }
 
     #[test]
-    fn encoded_password_is_hidden_in_both_forms() {
-        let r = Redacted::new("postgres://app:p%40ss@db/jobs");
-        assert_eq!(r.url(), "postgres://app:***@db/jobs");
-        assert_eq!(r.scrub("p@ss and p%40ss"), "*** and ***");
+    fn encoded_and_one_letter_passwords_are_hidden() {
+        assert_eq!(
+            shown("postgres://app:p%40s%2Fs%23@db/jobs"),
+            "postgres://app:***@db/jobs"
+        );
+        // A one-letter password leaves every other letter alone.
+        assert_eq!(
+            shown("postgres://a:a@authentication/a?application_name=a"),
+            "postgres://a:***@authentication/a?application_name=a"
+        );
     }
 
     #[test]
@@ -147,9 +119,24 @@ mod tests {
             "postgres://app@db/jobs",
             "postgres://db/jobs",
             "sqlite:///tmp/x.db",
-            "garbage",
         ] {
-            assert_eq!(Redacted::new(u).url(), u);
+            assert_eq!(shown(u), u);
+        }
+    }
+
+    #[test]
+    fn only_plain_schemes_are_shown() {
+        assert_eq!(plain_scheme("redis://:pw@h"), Some("redis"));
+        assert_eq!(plain_scheme("my-sql+x.1://h"), Some("my-sql+x.1"));
+        for raw in [
+            "host=db password=hunter2",
+            "Pg://x",
+            "1x://x",
+            "://x",
+            "pass word://x",
+            "host=x password=a://b",
+        ] {
+            assert_eq!(plain_scheme(raw), None, "{raw}");
         }
     }
 }

@@ -8,13 +8,11 @@ use std::process::ExitStatus;
 use std::rc::Rc;
 use std::time::Duration;
 
-use clap::Parser;
-
 use crate::cli::{one_line_error, Cli, Common, RunArgs};
 use crate::clock::{BootClock, Clock};
 use crate::elector::{describe_held, Elector, Lease, Lost, Observer, Waited};
 use crate::report::{self, Reporter};
-use crate::store::{AnyStore, LeaseInfo};
+use crate::store::{AnyStore, LeaseInfo, StoreAdmin};
 use crate::supervisor::{self, status_code};
 use crate::terminal::Terminal;
 use crate::timing::{Timing, TimingArgs};
@@ -26,6 +24,7 @@ use crate::{exit, logging, names, signals};
 pub struct RunConfig {
     /// `--store` as given, for the watchdog (which resolves it the same way).
     pub store_arg: Option<String>,
+    pub store_origin: crate::store::Origin,
     pub log: (u8, bool, bool),
     pub name: String,
     pub holder: String,
@@ -39,28 +38,73 @@ pub struct RunConfig {
     pub metrics_file: Option<std::path::PathBuf>,
 }
 
+/// Why the run form cannot start: one line, and the exit status it means
+/// (2 for usage errors, 125 when the environment leaves no store).
+#[derive(Debug)]
+pub struct Refused {
+    pub code: i32,
+    pub msg: String,
+}
+
+impl From<String> for Refused {
+    fn from(msg: String) -> Refused {
+        Refused {
+            code: exit::USAGE,
+            msg,
+        }
+    }
+}
+
+impl From<&str> for Refused {
+    fn from(msg: &str) -> Refused {
+        msg.to_string().into()
+    }
+}
+
 impl RunConfig {
-    /// Usage errors come back as one line of text (exit 2).
-    pub fn from_cli(common: Common, run: RunArgs) -> Result<RunConfig, String> {
-        let timing = Timing::resolve(TimingArgs {
+    pub fn from_cli(common: Common, run: RunArgs) -> Result<RunConfig, Refused> {
+        let args = TimingArgs {
             lease: run.lease,
             renew: run.renew,
             give_up: run.give_up,
             kill_after: run.kill_after,
             retry: run.retry,
-        })
-        .map_err(|e| e.to_string())?;
+        };
+        let timing = Timing::resolve(args).map_err(|e| e.to_string())?;
         let name = run.name.ok_or("--name is required")?;
         let store = crate::store::resolve(
             common.store.clone(),
+            common.store_origin,
             &format!("leaderrun {name}"),
             timing.give_up,
-        )?;
+        )
+        .map_err(|e| Refused {
+            code: e.exit_code(),
+            msg: e.to_string(),
+        })?;
+        // The timing must hold for the lease the store really grants (a
+        // store with whole-second leases rounds up), not the one asked for.
+        let granted = store.capabilities().grant(timing.lease)?;
+        let timing = if granted == timing.lease {
+            timing
+        } else {
+            Timing::resolve(TimingArgs {
+                lease: Some(granted),
+                ..args
+            })
+            .map_err(|e| {
+                format!(
+                    "{e} (the store grants a lease of {})",
+                    humantime::format_duration(granted)
+                )
+            })?
+        };
         if run.command.first().is_none_or(|c| c.is_empty()) {
             return Err("the command after -- must not be empty".into());
         }
         Ok(RunConfig {
             store_arg: common.store,
+            store_origin: common.store_origin,
             log: (
                 common.verbose,
                 common.quiet,
@@ -85,7 +129,7 @@ pub fn main_entry() -> i32 {
     if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(watchdog::ARG)) {
         return watchdog::main();
     }
-    let cli = match Cli::try_parse() {
+    let cli = match crate::cli::parse() {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
@@ -118,9 +162,9 @@ pub fn main_entry() -> i32 {
     }
     let cfg = match RunConfig::from_cli(common, run_args) {
         Ok(c) => c,
-        Err(msg) => {
-            crate::stderr::line(&format!("error: {msg}"));
-            return exit::USAGE;
+        Err(r) => {
+            crate::stderr::line(&format!("error: {}", r.msg));
+            return r.code;
         }
     };
     logging::set_context(&cfg.name, &cfg.holder);
@@ -250,6 +294,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
     // first instant, either process stops it on time (contract §10).
     let orders = Orders {
         store: cfg.store_arg.clone(),
+        origin: cfg.store_origin,
         name: name.clone(),
         holder: cfg.holder.clone(),
         epoch: lease.epoch,

@@ -153,3 +153,19 @@ pub fn out(text: &str) {
     let mut o = std::io::stdout().lock();
     let _ = o.write_all(text.as_bytes()).and_then(|()| o.flush());
 }
+
+/// `println!` that never panics (see [`out`]).
+#[macro_export]
+macro_rules! outln {
+    ($($t:tt)*) => {
+        $crate::stderr::out(&format!("{}\n", format_args!($($t)*)))
+    };
+}
+
+/// `eprintln!` through the non-blocking queue (see [`write`]).
+#[macro_export]
+macro_rules! errln {
+    ($($t:tt)*) => {
+        $crate::stderr::write(format!("{}\n", format_args!($($t)*)).into_bytes())
+    };
+}

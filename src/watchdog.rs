@@ -52,6 +52,7 @@ pub struct Orders {
     /// The `--store` value as given (the watchdog resolves it exactly as
     /// leaderrun did, from the same environment).
     pub store: Option<String>,
+    pub origin: crate::store::Origin,
     pub name: String,
     pub holder: String,
     pub epoch: i64,
@@ -77,12 +78,32 @@ fn from_ns(s: &str) -> Option<Duration> {
     Some(Duration::new(secs, (n % 1_000_000_000) as u32))
 }
 
+fn origin_code(o: crate::store::Origin) -> &'static str {
+    use crate::store::Origin::*;
+    match o {
+        Flag => "flag",
+        LeaderrunStore => "env",
+        DatabaseUrl => "database_url",
+    }
+}
+
+fn origin_from(s: &str) -> Option<crate::store::Origin> {
+    use crate::store::Origin::*;
+    Some(match s {
+        "flag" => Flag,
+        "env" => LeaderrunStore,
+        "database_url" => DatabaseUrl,
+        _ => return None,
+    })
+}
+
 impl Orders {
     fn encode(&self) -> String {
         format!(
-            "{MAGIC}\nstore {}\nname {}\nholder {}\nepoch {}\nlease {}\ngive_up {}\n\
+            "{MAGIC}\nstore {}\norigin {}\nname {}\nholder {}\nepoch {}\nlease {}\ngive_up {}\n\
              kill_after {}\nmin_hold {}\nacquired {}\ndeadline {}\nlog {} {} {}\nend\n",
             self.store.as_deref().unwrap_or("-"),
+            origin_code(self.origin),
             self.name,
             self.holder,
             self.epoch,
@@ -111,6 +132,7 @@ impl Orders {
         let mut log = log.split(' ');
         Some(Orders {
             store: get("store").filter(|s| s != "-"),
+            origin: origin_from(&get("origin")?)?,
             name: get("name")?,
             holder: get("holder")?,
             epoch: get("epoch")?.parse().ok()?,
@@ -409,8 +431,9 @@ impl State {
         let o = &self.o;
         let res = rt.block_on(async {
             use crate::store::Store;
-            let mut store = crate::store::resolve(o.store.clone(), "leaderrun watchdog", budget)
-                .map_err(crate::store::StoreError::Fatal)?;
+            let mut store =
+                crate::store::resolve(o.store.clone(), o.origin, "leaderrun watchdog", budget)
+                    .map_err(|e| crate::store::StoreError::Fatal(e.to_string()))?;
             tokio::time::timeout(
                 budget,
                 store.release(&o.name, &o.holder, o.epoch, keep, budget),
@@ -567,6 +590,7 @@ mod tests {
     fn orders_survive_the_pipe() {
         let o = Orders {
             store: Some("postgres://u:p w@h/db".into()),
+            origin: crate::store::Origin::LeaderrunStore,
             name: "x".into(),
             holder: "host:1:ab cd".into(),
             epoch: 7,

@@ -147,7 +147,9 @@ fn init_creates_the_table_or_prints_its_sql() {
     assert_eq!(r.code, Some(0));
     assert!(
         r.stdout
-            .starts_with("CREATE TABLE IF NOT EXISTS leader_lease"),
+            .starts_with("-- leaderrun lease table, dialect: PostgreSQL")
+            && r.stdout
+                .contains("\nCREATE TABLE IF NOT EXISTS leader_lease"),
         "{}",
         r.stdout
     );

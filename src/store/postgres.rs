@@ -16,18 +16,19 @@
 //!   statement, so the expiry written is at least `sent + L` — the fact the
 //!   holder's give-up arithmetic relies on.
 //!
-//! The connection is taken out of `self` for the duration of a call and put
-//! back only on success: a call that fails, or whose future is dropped by the
-//! elector's give-up timer mid-flight, leaves no half-used connection behind,
-//! and the next call reconnects.
+//! A server in read-only mode (`default_transaction_read_only`, a standby,
+//! a primary demoted during a failover: SQLSTATE 25006) may take writes
+//! again soon, so it is "may heal": a waiting contender keeps trying.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::{ConnectOptions, Connection};
 
-use super::{lease_info, millis, LeaseInfo, Store, StoreAdmin, StoreError};
+use super::sql::{self, lease_info, millis, Dialect, Session};
+use super::{
+    AnyStore, Capabilities, Init, LeaseInfo, Schema, Store, StoreAdmin, StoreError, Target,
+};
 use crate::redact::Redacted;
 
 pub const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
@@ -37,7 +38,13 @@ pub const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
     expires_at timestamptz NOT NULL DEFAULT '-infinity'
 )";
 
-const EXISTS_SQL: &str = "SELECT to_regclass('leader_lease') IS NOT NULL";
+pub const SCHEMA: Schema = Schema {
+    dialect: "PostgreSQL",
+    sql: TABLE_SQL,
+};
+
+const EXISTS_SQL: &str =
+    "SELECT CASE WHEN to_regclass('leader_lease') IS NULL THEN 0::int8 ELSE 1::int8 END";
 
 const ACQUIRE_SQL: &str = "INSERT INTO leader_lease AS l (name, holder, epoch, expires_at)
      VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1000))
@@ -58,11 +65,14 @@ const RELEASE_SQL: &str = "UPDATE leader_lease
             expires_at = now() + make_interval(secs => $4::float8 / 1000)
       WHERE name = $1 AND holder = $2 AND epoch = $3";
 
-/// What `LeaseInfo` is read from (see `store::lease_info`).
+/// What `LeaseInfo` is read from (see `sql::lease_info`). The remaining time
+/// is clamped to ±10 years, so a row holding `infinity` (written by hand)
+/// still lists.
 macro_rules! columns {
     () => {
         "name, holder, epoch,
-        (extract(epoch FROM (greatest(expires_at, now() - interval '100 years') - now())) * 1000)::bigint"
+        (extract(epoch FROM (least(greatest(expires_at, now() - interval '10 years'),
+                                   now() + interval '10 years') - now())) * 1000)::bigint"
     };
 }
 
@@ -74,17 +84,50 @@ const CLEAR_SQL: &str = "UPDATE leader_lease l SET holder = NULL, expires_at = n
        FROM (SELECT name, holder, expires_at FROM leader_lease WHERE name = $1 FOR UPDATE) old
       WHERE l.name = old.name AND l.holder IS NOT NULL AND ($2::bigint IS NULL OR l.epoch = $2)
      RETURNING l.name, old.holder, l.epoch,
-        (extract(epoch FROM (greatest(old.expires_at, now() - interval '100 years') - now())) * 1000)::bigint";
-
-/// A query borrowed from the call site, run on a connection it lends.
-type BoxFut<'c, T> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
+        (extract(epoch FROM (least(greatest(old.expires_at, now() - interval '10 years'),
+                                   now() + interval '10 years') - now())) * 1000)::bigint";
 
 pub struct PgStore {
+    s: Session<Pg>,
+}
+
+/// How to reach the server, and whether the table was seen already.
+struct Pg {
     opts: PgConnectOptions,
-    conn: Option<PgConnection>,
     table_checked: bool,
     redacted: Redacted,
+}
+
+/// Query parameters sqlx understands; anything else would be logged by the
+/// driver with its value, so it is refused here instead (by name only).
+const KNOWN_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+/// The registry's constructor for `postgres://` and `postgresql://`.
+pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
+    Ok(Box::new(PgStore::from_url(
+        t.url,
+        t.app_name,
+        t.call_timeout,
+    )?))
 }
 
 impl PgStore {
@@ -93,17 +136,21 @@ impl PgStore {
     /// timeouts), so a statement stuck behind someone's row lock is
     /// cancelled by the server too, not only abandoned by us.
     pub fn new(url: &str, app_name: &str, statement_timeout: Duration) -> Result<PgStore, String> {
-        let redacted = Redacted::new(url);
-        let opts = PgConnectOptions::from_str(url).map_err(|e| {
-            format!(
-                "invalid store URL {}: {}",
-                redacted,
-                redacted.scrub(&e.to_string())
-            )
-        })?;
+        let parsed = url::Url::parse(url).map_err(|e| format!("is not valid: {e}"))?;
+        PgStore::from_url(&parsed, app_name, statement_timeout)
+    }
+
+    fn from_url(
+        url: &url::Url,
+        app_name: &str,
+        statement_timeout: Duration,
+    ) -> Result<PgStore, String> {
+        sql::check_params(url, KNOWN_PARAMS)?;
+        let opts = PgConnectOptions::from_url(url)
+            .map_err(|e| format!("is not valid: {}", sql::message(&e)))?;
         let ms = millis(statement_timeout).max(1).to_string();
         // Respect an application_name the user put in the URL.
-        let opts = if url.contains("application_name=") {
+        let opts = if url.query_pairs().any(|(k, _)| k == "application_name") {
             opts
         } else {
             opts.application_name(app_name)
@@ -116,60 +163,12 @@ impl PgStore {
             // Our own log lines say what matters; SQL text in a cron mail does not.
             .disable_statement_logging();
         Ok(PgStore {
-            opts,
-            conn: None,
-            table_checked: false,
-            redacted,
+            s: Session::new(Pg {
+                opts,
+                table_checked: false,
+                redacted: Redacted::new(url),
+            }),
         })
-    }
-
-    pub fn redacted(&self) -> &Redacted {
-        &self.redacted
-    }
-
-    /// The open connection, or a new one (creating the table on first use).
-    async fn take_conn(&mut self) -> Result<PgConnection, StoreError> {
-        if let Some(c) = self.conn.take() {
-            return Ok(c);
-        }
-        let mut conn = PgConnection::connect_with(&self.opts)
-            .await
-            .map_err(|e| self.classify("cannot connect to", e))?;
-        if !self.table_checked {
-            self.ensure_table(&mut conn).await?;
-            self.table_checked = true;
-        }
-        Ok(conn)
-    }
-
-    /// Create `leader_lease` when missing. A concurrent creator may win the
-    /// race (CREATE … IF NOT EXISTS is not atomic against another one), so a
-    /// failed create is followed by a second look before it counts.
-    async fn ensure_table(&self, conn: &mut PgConnection) -> Result<(), StoreError> {
-        let row = sqlx::query(EXISTS_SQL)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| self.classify("cannot query", e))?;
-        if row.try_get::<bool, _>(0).unwrap_or(false) {
-            return Ok(());
-        }
-        if let Err(e) = sqlx::query(TABLE_SQL).execute(&mut *conn).await {
-            let again = sqlx::query(EXISTS_SQL)
-                .fetch_one(&mut *conn)
-                .await
-                .ok()
-                .and_then(|r| r.try_get::<bool, _>(0).ok())
-                .unwrap_or(false);
-            if !again {
-                return Err(StoreError::Fatal(format!(
-                    "table leader_lease is missing in {} and could not be created: {} \
-                     (create it with the SQL in the README, or grant CREATE on the schema)",
-                    self.redacted,
-                    self.redacted.scrub(&db_message(&e))
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// Renew and release: one UPDATE naming name, holder and epoch, plus a
@@ -182,84 +181,57 @@ impl PgStore {
         timeout: Duration,
     ) -> Result<bool, StoreError> {
         let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(d));
-        self.call(timeout, what, move |c| {
-            Box::pin(async move {
-                let done = sqlx::query(sql)
-                    .bind(name)
-                    .bind(holder)
-                    .bind(epoch)
-                    .bind(ms)
-                    .execute(c)
-                    .await?;
-                Ok(done.rows_affected() == 1)
+        self.s
+            .call(timeout, what, move |c| {
+                Box::pin(async move {
+                    let done = sqlx::query(sql)
+                        .bind(name)
+                        .bind(holder)
+                        .bind(epoch)
+                        .bind(ms)
+                        .execute(c)
+                        .await?;
+                    Ok(done.rows_affected() == 1)
+                })
             })
-        })
-        .await
-    }
-
-    fn classify(&self, what: &str, e: sqlx::Error) -> StoreError {
-        let msg = format!(
-            "{what} the store {}: {}",
-            self.redacted,
-            self.redacted.scrub(&db_message(&e))
-        );
-        if is_transient(&e) {
-            StoreError::Unavailable(msg)
-        } else {
-            StoreError::Fatal(msg)
-        }
-    }
-
-    /// Run `f` on a connection within `timeout`; keep the connection only
-    /// when the call succeeded.
-    async fn call<T, F>(&mut self, timeout: Duration, what: &str, f: F) -> Result<T, StoreError>
-    where
-        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFut<'c, T>,
-    {
-        let work = async {
-            let mut conn = self.take_conn().await?;
-            match f(&mut conn).await {
-                Ok(v) => {
-                    self.conn = Some(conn);
-                    Ok(v)
-                }
-                Err(e) => Err(self.classify(what, e)),
-            }
-        };
-        match tokio::time::timeout(timeout, work).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "the store {} did not answer within {}",
-                self.redacted,
-                humantime::format_duration(timeout)
-            ))),
-        }
+            .await
     }
 }
 
-/// The server's own words for a database error, the driver's otherwise.
-fn db_message(e: &sqlx::Error) -> String {
-    match e {
-        sqlx::Error::Database(d) => d.message().to_string(),
-        other => other.to_string(),
-    }
-}
+impl Dialect for Pg {
+    type Conn = PgConnection;
 
-/// Errors that may heal by themselves (the network, a restarting or
-/// overloaded server, a lock or statement timeout). Authentication,
-/// permissions, a missing database or bad TLS settings will not.
-fn is_transient(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(d) => match d.code() {
-            // 08 connection, 40 rollback, 53 resources, 55 lock not
-            // available, 57 operator intervention (shutdown, cancel), 58 system.
-            Some(c) => ["08", "40", "53", "55", "57", "58"]
-                .iter()
-                .any(|p| c.starts_with(p)),
-            None => false,
-        },
-        _ => false,
+    fn shown(&self) -> String {
+        self.redacted.to_string()
+    }
+
+    async fn connect(&mut self) -> Result<PgConnection, StoreError> {
+        let mut conn = PgConnection::connect_with(&self.opts).await.map_err(|e| {
+            sql::classify::<Pg>(
+                &format!("cannot connect to the store {}", self.redacted),
+                &e,
+            )
+        })?;
+        if !self.table_checked {
+            sql::ensure_table(self, &mut conn, EXISTS_SQL, TABLE_SQL).await?;
+            self.table_checked = true;
+        }
+        Ok(conn)
+    }
+
+    /// 08 connection, 40 rollback, 53 resources, 55 lock not available,
+    /// 57 operator intervention (shutdown, cancel), 58 system, and 25006
+    /// read-only transaction (a standby or a demoted primary).
+    fn may_heal(e: &sqlx::Error) -> bool {
+        match e {
+            sqlx::Error::Database(d) => d.code().is_some_and(|c| {
+                c == "25006"
+                    || ["08", "40", "53", "55", "57", "58"]
+                        .iter()
+                        .any(|p| c.starts_with(p))
+            }),
+            _ => false,
+        }
     }
 }
 
@@ -273,18 +245,19 @@ impl Store for PgStore {
     ) -> Result<Option<i64>, StoreError> {
         let ms = millis(lease);
         let (name, holder) = (name.to_string(), holder.to_string());
-        self.call(timeout, "cannot acquire in", move |c| {
-            Box::pin(async move {
-                let row = sqlx::query(ACQUIRE_SQL)
-                    .bind(name)
-                    .bind(holder)
-                    .bind(ms)
-                    .fetch_optional(c)
-                    .await?;
-                row.map(|r| r.try_get::<i64, _>(0)).transpose()
+        self.s
+            .call(timeout, "cannot acquire in", move |c| {
+                Box::pin(async move {
+                    let row = sqlx::query(ACQUIRE_SQL)
+                        .bind(name)
+                        .bind(holder)
+                        .bind(ms)
+                        .fetch_optional(c)
+                        .await?;
+                    row.map(|r| sqlx::Row::try_get::<i64, _>(&r, 0)).transpose()
+                })
             })
-        })
-        .await
+            .await
     }
 
     async fn renew(
@@ -327,35 +300,52 @@ impl Store for PgStore {
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
         let name = name.to_string();
-        self.call(timeout, "cannot read", move |c| {
-            Box::pin(async move {
-                let row = sqlx::query(INSPECT_SQL)
-                    .bind(name)
-                    .fetch_optional(c)
-                    .await?;
-                row.map(|r| lease_info(&r)).transpose()
+        self.s
+            .call(timeout, "cannot read", move |c| {
+                Box::pin(async move {
+                    let row = sqlx::query(INSPECT_SQL)
+                        .bind(name)
+                        .fetch_optional(c)
+                        .await?;
+                    row.map(|r| lease_info(&r)).transpose()
+                })
             })
-        })
-        .await
+            .await
     }
 }
 
 impl StoreAdmin for PgStore {
-    async fn init(&mut self, timeout: Duration) -> Result<(), StoreError> {
-        self.table_checked = false;
-        self.conn = None;
-        self.call(timeout, "cannot use", |_| Box::pin(async { Ok(()) }))
+    fn describe(&self) -> String {
+        self.s.d.shown()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::MILLIS
+    }
+
+    fn schema(&self) -> Option<Schema> {
+        Some(SCHEMA)
+    }
+
+    async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
+        self.s.d.table_checked = false;
+        self.s.reset();
+        self.s
+            .call(timeout, "cannot use", |_| {
+                Box::pin(async { Ok(Init::Ready) })
+            })
             .await
     }
 
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.call(timeout, "cannot read", |c| {
-            Box::pin(async move {
-                let rows = sqlx::query(LIST_SQL).fetch_all(c).await?;
-                rows.iter().map(lease_info).collect()
+        self.s
+            .call(timeout, "cannot read", |c| {
+                Box::pin(async move {
+                    let rows = sqlx::query(LIST_SQL).fetch_all(c).await?;
+                    rows.iter().map(lease_info).collect()
+                })
             })
-        })
-        .await
+            .await
     }
 
     async fn clear(
@@ -365,20 +355,17 @@ impl StoreAdmin for PgStore {
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
         let name = name.to_string();
-        self.call(timeout, "cannot release in", move |c| {
-            Box::pin(async move {
-                let row = sqlx::query(CLEAR_SQL)
-                    .bind(name)
-                    .bind(epoch)
-                    .fetch_optional(c)
-                    .await?;
-                row.map(|r| lease_info(&r)).transpose()
+        self.s
+            .call(timeout, "cannot release in", move |c| {
+                Box::pin(async move {
+                    let row = sqlx::query(CLEAR_SQL)
+                        .bind(name)
+                        .bind(epoch)
+                        .fetch_optional(c)
+                        .await?;
+                    row.map(|r| lease_info(&r)).transpose()
+                })
             })
-        })
-        .await
-    }
-
-    fn table_sql(&self) -> &'static str {
-        TABLE_SQL
+            .await
     }
 }

@@ -24,10 +24,14 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{lease_info, millis, LeaseInfo, Store, StoreAdmin, StoreError};
+use super::sql::{self, lease_info, millis, Dialect, Session};
+use super::{
+    AnyStore, Capabilities, Init, LeaseInfo, ResolveError, Schema, Store, StoreAdmin, StoreError,
+    Target,
+};
 use crate::clock::{BootClock, Clock};
 
-const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
+pub const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
     name       TEXT PRIMARY KEY,
     holder     TEXT,
     epoch      INTEGER NOT NULL DEFAULT 0,
@@ -35,30 +39,46 @@ const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
     boot_id    TEXT NOT NULL DEFAULT ''
 )";
 
+pub const SCHEMA: Schema = Schema {
+    dialect: "SQLite (the embedded store; leaderrun creates it by itself)",
+    sql: TABLE_SQL,
+};
+
+// SQLite stores whatever it is given in any column, so a row written by hand
+// (or by an older leaderrun that did not clamp) may hold a REAL, a huge
+// integer or text where a time should be. Every read and every condition
+// goes through CAST (text becomes 0, a huge REAL the largest integer), and
+// remaining times are clamped to ±MAX_MS, so such a row can neither fail a
+// listing nor look live forever.
+
 // ?1 name, ?2 holder, ?3 now (boot ms), ?4 lease ms, ?5 boot id
 const ACQUIRE_SQL: &str = "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id)
      VALUES (?1, ?2, 1, ?3 + ?4, ?5)
      ON CONFLICT (name) DO UPDATE
-        SET holder = excluded.holder, epoch = leader_lease.epoch + 1,
+        SET holder = excluded.holder, epoch = CAST(leader_lease.epoch AS INTEGER) + 1,
             expires_at = excluded.expires_at, boot_id = excluded.boot_id
       WHERE leader_lease.holder IS NULL OR leader_lease.boot_id <> excluded.boot_id
-         OR leader_lease.expires_at <= ?3
+         OR CAST(leader_lease.expires_at AS INTEGER) <= ?3
      RETURNING epoch";
 
 // ?1 name, ?2 holder, ?3 epoch, ?4 now, ?5 lease ms, ?6 boot id
 const RENEW_SQL: &str = "UPDATE leader_lease SET expires_at = ?4 + ?5
-      WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6 AND expires_at > ?4";
+      WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6
+        AND CAST(expires_at AS INTEGER) > ?4";
 
 // ?1 name, ?2 holder, ?3 epoch, ?4 now, ?5 keep ms, ?6 boot id
 const RELEASE_SQL: &str = "UPDATE leader_lease
         SET holder = CASE WHEN ?5 > 0 THEN holder END, expires_at = ?4 + ?5
       WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6";
 
-/// What `LeaseInfo` is read from (see `store::lease_info`); ?1 now, ?2 boot
+/// What `LeaseInfo` is read from (see `sql::lease_info`); ?1 now, ?2 boot
 /// id: a lease from another boot has expired.
 macro_rules! columns {
     () => {
-        "name, holder, epoch, CASE WHEN boot_id = ?2 THEN expires_at - ?1 ELSE -1 END"
+        "CAST(name AS TEXT), CAST(holder AS TEXT), CAST(epoch AS INTEGER),
+         CASE WHEN boot_id = ?2
+              THEN min(max(CAST(expires_at AS INTEGER), ?1 - 315360000000), ?1 + 315360000000) - ?1
+              ELSE -1 END"
     };
 }
 
@@ -68,49 +88,106 @@ const LIST_SQL: &str = concat!("SELECT ", columns!(), " FROM leader_lease ORDER 
 const CLEARABLE_SQL: &str = concat!(
     "SELECT ",
     columns!(),
-    " FROM leader_lease WHERE name = ?3 AND holder IS NOT NULL AND (?4 IS NULL OR epoch = ?4)"
+    " FROM leader_lease WHERE name = ?3 AND holder IS NOT NULL
+        AND (?4 IS NULL OR CAST(epoch AS INTEGER) = ?4)"
 );
 
 pub struct SqliteStore {
+    s: Session<Lite>,
+}
+
+/// The file, and what is learnt once per process.
+struct Lite {
     path: PathBuf,
     busy: Duration,
-    conn: Option<SqliteConnection>,
-    boot_id: Option<String>,
+    /// `mode=rw` in the URL: use an existing file, never create one.
+    create: bool,
+}
+
+/// The registry's constructor for `sqlite:///absolute/path`.
+///
+/// Relative paths are refused: a cron job and a shell in another directory
+/// would use different files and both run. `?mode=rwc` (the default) and
+/// `?mode=rw` (never create the file) are the only parameters; a `?` or `#`
+/// in a file name is written `%3F` / `%23`.
+pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
+    let abs = "needs an absolute file path, as in sqlite:///var/lib/leaderrun/leases.db \
+               (three slashes; relative paths are refused so that every run uses the same file)";
+    let path = t.url.to_file_path().map_err(|()| abs.to_string())?;
+    if !path.is_absolute() || path.as_os_str().len() <= 1 || t.url.path().ends_with('/') {
+        return Err(abs.into());
+    }
+    let mut create = true;
+    for (k, v) in t.url.query_pairs() {
+        match (k.as_ref(), v.as_ref()) {
+            ("mode", "rwc") => create = true,
+            ("mode", "rw") => create = false,
+            ("mode", _) => return Err("has a mode other than rwc or rw".into()),
+            _ => return Err(
+                "has a parameter other than mode=rwc or mode=rw (write '?' in a file name as %3F)"
+                    .into(),
+            ),
+        }
+    }
+    let mut store = SqliteStore::new(path, t.call_timeout);
+    store.s.d.create = create;
+    Ok(Box::new(store))
+}
+
+/// The embedded default store (no store configured).
+pub fn open_default(busy: Duration) -> Result<AnyStore, ResolveError> {
+    Ok(Box::new(SqliteStore::new(default_path()?, busy)))
 }
 
 /// Where the embedded store lives when none is configured:
-/// `$LEADERRUN_STATE_DIR/leases.db`; for root `/var/lib/leaderrun/leases.db`;
-/// otherwise `$XDG_STATE_HOME/leaderrun/leases.db`, falling back to
-/// `~/.local/state/leaderrun/leases.db`.
-pub fn default_path() -> Result<PathBuf, String> {
+/// `$LEADERRUN_STATE_DIR/leases.db` (must be absolute); for root
+/// `/var/lib/leaderrun/leases.db`; otherwise `$XDG_STATE_HOME/leaderrun/leases.db`
+/// (a relative `XDG_STATE_HOME` is ignored, as the XDG spec says), falling
+/// back to `$HOME/.local/state/leaderrun/leases.db`. No usable `HOME` is a
+/// failure of the environment (exit 125), not a usage error.
+pub fn default_path() -> Result<PathBuf, ResolveError> {
     let var = |k: &str| {
         std::env::var_os(k)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     };
     if let Some(d) = var("LEADERRUN_STATE_DIR") {
+        if d.is_relative() {
+            return Err(ResolveError::Usage(
+                "LEADERRUN_STATE_DIR must be an absolute path (a relative one would name a \
+                 different file in every working directory)"
+                    .into(),
+            ));
+        }
         return Ok(d.join("leases.db"));
     }
     if nix::unistd::geteuid().is_root() {
         return Ok(PathBuf::from("/var/lib/leaderrun/leases.db"));
     }
-    if let Some(d) = var("XDG_STATE_HOME") {
+    if let Some(d) = var("XDG_STATE_HOME").filter(|d| d.is_absolute()) {
         return Ok(d.join("leaderrun").join("leases.db"));
     }
-    match var("HOME") {
+    match var("HOME").filter(|h| h.is_absolute()) {
         Some(h) => Ok(h.join(".local/state/leaderrun/leases.db")),
-        None => Err(
-            "no store configured and neither LEADERRUN_STATE_DIR, XDG_STATE_HOME nor HOME is set"
+        None => Err(ResolveError::Failure(
+            "no store configured, and no place for the embedded one: HOME is not set to an \
+             absolute path (set LEADERRUN_STATE_DIR or --store)"
                 .into(),
-        ),
+        )),
     }
 }
 
+/// The kernel's boot id, read once per process (it cannot change while we run).
 fn boot_id() -> Result<String, StoreError> {
+    static BOOT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     const P: &str = "/proc/sys/kernel/random/boot_id";
-    std::fs::read_to_string(P)
+    if let Some(b) = BOOT.get() {
+        return Ok(b.clone());
+    }
+    let b = std::fs::read_to_string(P)
         .map(|s| s.trim().to_string())
-        .map_err(|e| StoreError::Fatal(format!("cannot read the boot id from {P}: {e}")))
+        .map_err(|e| StoreError::Fatal(format!("cannot read the boot id from {P}: {e}")))?;
+    Ok(BOOT.get_or_init(|| b).clone())
 }
 
 fn now_ms() -> i64 {
@@ -121,52 +198,16 @@ impl SqliteStore {
     /// `busy` bounds how long a call waits for another process's write lock.
     pub fn new(path: PathBuf, busy: Duration) -> SqliteStore {
         SqliteStore {
-            path,
-            busy,
-            conn: None,
-            boot_id: None,
+            s: Session::new(Lite {
+                path,
+                busy,
+                create: true,
+            }),
         }
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn describe(&self) -> String {
-        format!("sqlite://{}", self.path.display())
-    }
-
-    async fn take_conn(&mut self) -> Result<SqliteConnection, StoreError> {
-        if let Some(c) = self.conn.take() {
-            return Ok(c);
-        }
-        if self.boot_id.is_none() {
-            self.boot_id = Some(boot_id()?);
-        }
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            create_private_dir(dir).map_err(|e| {
-                StoreError::Fatal(format!(
-                    "cannot create the store directory {}: {e}",
-                    dir.display()
-                ))
-            })?;
-        }
-        let opts = SqliteConnectOptions::from_str("sqlite://")
-            .map_err(|e| StoreError::Fatal(e.to_string()))?
-            .filename(&self.path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(self.busy)
-            .disable_statement_logging();
-        let mut conn = SqliteConnection::connect_with(&opts)
-            .await
-            .map_err(|e| self.classify("cannot open", e))?;
-        sqlx::query(TABLE_SQL)
-            .execute(&mut conn)
-            .await
-            .map_err(|e| self.classify("cannot set up", e))?;
-        Ok(conn)
+        &self.s.d.path
     }
 
     /// Renew and release: one UPDATE naming name, holder, epoch and boot,
@@ -196,65 +237,80 @@ impl SqliteStore {
         .await
     }
 
-    fn classify(&self, what: &str, e: sqlx::Error) -> StoreError {
-        let transient = match &e {
-            // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with extended codes.
-            sqlx::Error::Database(d) => d
-                .code()
-                .and_then(|c| c.parse::<i32>().ok())
-                .is_some_and(|c| matches!(c & 0xff, 5 | 6)),
-            sqlx::Error::PoolTimedOut => true,
-            _ => false,
-        };
-        let detail = match &e {
-            sqlx::Error::Database(d) => d.message().to_string(),
-            other => other.to_string(),
-        };
-        let msg = format!("{what} the store {}: {detail}", self.describe());
-        if transient {
-            StoreError::Unavailable(msg)
-        } else {
-            StoreError::Fatal(msg)
-        }
-    }
-
     /// Run one statement in a `BEGIN IMMEDIATE` transaction. `now` (boot
     /// clock, ms) is read once the write lock is held.
     async fn write<T, F>(&mut self, timeout: Duration, what: &str, f: F) -> Result<T, StoreError>
     where
-        F: for<'c> FnOnce(&'c mut SqliteConnection, i64, String) -> BoxFut<'c, T>,
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut SqliteConnection, i64, String) -> sql::BoxFut<'c, T>
+            + Send
+            + 'static,
     {
-        let work = async {
-            let mut conn = self.take_conn().await?;
-            let boot = self.boot_id.clone().unwrap_or_default();
-            let res = async {
-                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-                let v = f(&mut tx, now_ms(), boot).await?;
-                tx.commit().await?;
-                Ok::<T, sqlx::Error>(v)
-            }
-            .await;
-            match res {
-                Ok(v) => {
-                    self.conn = Some(conn);
+        let boot = boot_id()?;
+        self.s
+            .call(timeout, what, move |conn| {
+                Box::pin(async move {
+                    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                    let v = f(&mut tx, now_ms(), boot).await?;
+                    tx.commit().await?;
                     Ok(v)
-                }
-                Err(e) => Err(self.classify(what, e)),
-            }
-        };
-        match tokio::time::timeout(timeout, work).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "the store {} stayed locked for {}",
-                self.describe(),
-                humantime::format_duration(timeout)
-            ))),
-        }
+                })
+            })
+            .await
     }
 }
 
-type BoxFut<'c, T> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
+impl Dialect for Lite {
+    type Conn = SqliteConnection;
+
+    fn shown(&self) -> String {
+        format!("sqlite://{}", self.path.display())
+    }
+
+    async fn connect(&mut self) -> Result<SqliteConnection, StoreError> {
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if self.create {
+                create_private_dir(dir).map_err(|e| {
+                    StoreError::Fatal(format!(
+                        "cannot create the store directory {}: {e}",
+                        dir.display()
+                    ))
+                })?;
+            }
+        }
+        let opts = SqliteConnectOptions::from_str("sqlite://")
+            .map_err(|e| StoreError::Fatal(e.to_string()))?
+            .filename(&self.path)
+            .create_if_missing(self.create)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(self.busy)
+            .disable_statement_logging();
+        let context = format!("cannot open the store {}", self.shown());
+        let mut conn = SqliteConnection::connect_with(&opts)
+            .await
+            .map_err(|e| sql::classify::<Lite>(&context, &e))?;
+        sqlx::query(TABLE_SQL)
+            .execute(&mut conn)
+            .await
+            .map_err(|e| {
+                sql::classify::<Lite>(&format!("cannot set up the store {}", self.shown()), &e)
+            })?;
+        Ok(conn)
+    }
+
+    /// SQLITE_BUSY (5) and SQLITE_LOCKED (6), with extended codes: another
+    /// process holds the write lock. Nothing else heals by itself.
+    fn may_heal(e: &sqlx::Error) -> bool {
+        match e {
+            sqlx::Error::Database(d) => d
+                .code()
+                .and_then(|c| c.parse::<i32>().ok())
+                .is_some_and(|c| matches!(c & 0xff, 5 | 6)),
+            _ => false,
+        }
+    }
+}
 
 /// Create `dir` and its parents; directories leaderrun creates are private
 /// to their owner (0700), except the system-wide one, which others may read.
@@ -355,9 +411,23 @@ impl Store for SqliteStore {
 }
 
 impl StoreAdmin for SqliteStore {
-    async fn init(&mut self, timeout: Duration) -> Result<(), StoreError> {
-        self.write(timeout, "cannot use", |_, _, _| Box::pin(async { Ok(()) }))
-            .await
+    fn describe(&self) -> String {
+        self.s.d.shown()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::MILLIS
+    }
+
+    fn schema(&self) -> Option<Schema> {
+        Some(SCHEMA)
+    }
+
+    async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
+        self.write(timeout, "cannot use", |_, _, _| {
+            Box::pin(async { Ok(Init::Ready) })
+        })
+        .await
     }
 
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -403,9 +473,5 @@ impl StoreAdmin for SqliteStore {
             })
         })
         .await
-    }
-
-    fn table_sql(&self) -> &'static str {
-        TABLE_SQL
     }
 }

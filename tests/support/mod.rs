@@ -5,8 +5,10 @@
 
 pub mod chaos_child;
 pub mod checker;
+pub mod mysql;
 pub mod pg;
 pub mod proxy;
+pub mod stores;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

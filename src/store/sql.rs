@@ -1,0 +1,213 @@
+//! What the SQL stores (Postgres, MySQL/MariaDB, SQLite) share: one
+//! connection kept between calls, every call bounded by a timeout, errors
+//! classified, rows decoded defensively, durations clamped before they are
+//! written.
+//!
+//! The connection is taken out of the session for the duration of a call and
+//! put back only on success: a call that fails, or whose future is dropped
+//! by the elector's give-up timer mid-flight, leaves no half-used connection
+//! behind, and the next call reconnects.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use sqlx::Row;
+
+use super::{LeaseInfo, StoreError, MAX_STORED};
+
+/// A query borrowed from the call site, run on a connection it lends.
+pub(crate) type BoxFut<'c, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
+
+/// What differs between the SQL stores below the statements themselves.
+pub(crate) trait Dialect {
+    type Conn: Send;
+    /// The store as shown to people (password hidden).
+    fn shown(&self) -> String;
+    /// A fresh connection, set up and with the lease table in place.
+    fn connect(&mut self) -> impl Future<Output = Result<Self::Conn, StoreError>>;
+    /// Server errors that may heal by themselves, beyond the network.
+    fn may_heal(e: &sqlx::Error) -> bool;
+}
+
+pub(crate) struct Session<D: Dialect> {
+    pub d: D,
+    conn: Option<D::Conn>,
+}
+
+impl<D: Dialect> Session<D> {
+    pub fn new(d: D) -> Self {
+        Session { d, conn: None }
+    }
+
+    /// Drop the connection; the next call makes a new one.
+    pub fn reset(&mut self) {
+        self.conn = None;
+    }
+
+    /// Run `f` on a connection within `timeout`; keep the connection only
+    /// when the call succeeded.
+    pub async fn call<T, F>(&mut self, timeout: Duration, what: &str, f: F) -> Result<T, StoreError>
+    where
+        F: for<'c> FnOnce(&'c mut D::Conn) -> BoxFut<'c, T>,
+    {
+        let work = async {
+            let mut conn = match self.conn.take() {
+                Some(c) => c,
+                None => self.d.connect().await?,
+            };
+            match f(&mut conn).await {
+                Ok(v) => {
+                    self.conn = Some(conn);
+                    Ok(v)
+                }
+                Err(e) => Err(self.error(what, &e)),
+            }
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "the store {} did not answer within {}",
+                self.d.shown(),
+                humantime::format_duration(timeout)
+            ))),
+        }
+    }
+
+    /// `what` ("cannot renew in") the store, with the server's own words.
+    pub fn error(&self, what: &str, e: &sqlx::Error) -> StoreError {
+        classify::<D>(&format!("{what} the store {}", self.d.shown()), e)
+    }
+}
+
+/// `context: <the server's words>`, may-heal or will-not-heal.
+pub(crate) fn classify<D: Dialect>(context: &str, e: &sqlx::Error) -> StoreError {
+    let msg = format!("{context}: {}", message(e));
+    if may_heal(e) || D::may_heal(e) {
+        StoreError::Unavailable(msg)
+    } else {
+        StoreError::Fatal(msg)
+    }
+}
+
+/// The server's own words for a database error, the driver's otherwise.
+/// Neither contains the password: servers do not echo it, and the URL the
+/// driver was given is never part of its errors.
+pub(crate) fn message(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(d) => d.message().to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Errors that may heal whatever the server: the network, a lost or
+/// unexpected connection state. Authentication, permissions, TLS and
+/// configuration errors will not.
+fn may_heal(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::WorkerCrashed
+    )
+}
+
+/// A duration as whole milliseconds for the store, clamped to
+/// [`MAX_STORED`] so that "now + d" fits every column type (a
+/// `--min-hold 1000000000y` must not write a value later reads reject).
+/// The stores' SELECTs clamp remaining times to the same ±10 years
+/// (315360000000 ms), for rows written before clamping or by hand.
+pub(crate) fn millis(d: Duration) -> i64 {
+    // MAX_STORED is ten years: its milliseconds fit an i64 with room to spare.
+    i64::try_from(d.min(MAX_STORED).as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+/// A `LeaseInfo` from a row whose first four columns are name, holder,
+/// epoch and milliseconds to expiry (each store's `COLUMNS`).
+pub(crate) fn lease_info<R: sqlx::Row>(r: &R) -> Result<LeaseInfo, sqlx::Error>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(LeaseInfo {
+        name: r.try_get(0)?,
+        holder: r.try_get(1)?,
+        epoch: r.try_get(2)?,
+        expires_in_ms: r.try_get(3)?,
+    })
+}
+
+/// Make sure the lease table exists: look, create when missing, and look
+/// again when the create failed (a concurrent creator may have won, since
+/// `CREATE … IF NOT EXISTS` is not atomic against another one). `exists`
+/// returns one BIGINT, non-zero when the table is there.
+pub(crate) async fn ensure_table<D, C, DB>(
+    s: &D,
+    conn: &mut C,
+    exists: &'static str,
+    create: &'static str,
+) -> Result<(), StoreError>
+where
+    D: Dialect,
+    DB: sqlx::Database,
+    for<'e> &'e mut C: sqlx::Executor<'e, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let classify = |what: &str, e: &sqlx::Error| classify::<D>(&format!("{what} {}", s.shown()), e);
+    let there =
+        |row: Option<DB::Row>| row.and_then(|r| r.try_get::<i64, _>(0).ok()).unwrap_or(0) != 0;
+    let row = sqlx::query(exists)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| classify("cannot query the store", &e))?;
+    if there(row) {
+        return Ok(());
+    }
+    let Err(e) = sqlx::query(create).execute(&mut *conn).await else {
+        return Ok(());
+    };
+    let again = sqlx::query(exists)
+        .fetch_optional(&mut *conn)
+        .await
+        .ok()
+        .flatten();
+    if there(again) {
+        return Ok(());
+    }
+    let err = classify("table leader_lease is missing in", &e);
+    Err(match err {
+        // A read-only server (a standby, a primary demoted during a
+        // failover) may accept writes again soon: say so, and keep trying.
+        StoreError::Unavailable(m) => {
+            StoreError::Unavailable(format!("{m} (the table cannot be created now; retrying)"))
+        }
+        StoreError::Fatal(m) => StoreError::Fatal(format!(
+            "{m} (create it with the SQL from `leaderrun init --print`, or grant CREATE)"
+        )),
+    })
+}
+
+/// Refuse query parameters the driver would not understand, naming the
+/// parameter only when it looks like one: sqlx logs unknown parameters with
+/// their value, which may be a secret.
+pub(crate) fn check_params(url: &url::Url, known: &[&str]) -> Result<(), String> {
+    for (k, _) in url.query_pairs() {
+        let options_entry = known.contains(&"options") && k.starts_with("options[");
+        if !known.contains(&k.as_ref()) && !options_entry {
+            let plain = !k.is_empty()
+                && k.len() <= 40
+                && k.chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_' || c == '-');
+            return Err(if plain {
+                format!("has an unknown parameter {k}")
+            } else {
+                "has a query parameter that is not understood".to_string()
+            });
+        }
+    }
+    Ok(())
+}

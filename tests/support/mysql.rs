@@ -1,0 +1,269 @@
+//! A throwaway MariaDB (or MySQL) server per test: a data directory copied
+//! from a template made once by `mariadb-install-db`, started from the
+//! installed `mariadbd` on a free port on 127.0.0.1 with its socket in the
+//! temp dir, and killed on drop. Real password authentication (a user `lr`
+//! created at start-up by `--init-file`), so a wrong password is testable.
+//! Never touches the machine's own server on 3306.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{free_port, TempDir};
+
+pub const PASSWORD: &str = "t3st-My-pw-Q7";
+
+pub struct My {
+    pub port: u16,
+    pub dir: TempDir,
+    server: Option<Child>,
+}
+
+fn find(names: &[&str], dirs: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut all: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    all.extend(dirs.iter().map(PathBuf::from));
+    all.iter()
+        .flat_map(|d| names.iter().map(move |n| d.join(n)))
+        .find(|p| p.exists())
+}
+
+fn server_bin() -> PathBuf {
+    find(&["mariadbd", "mysqld"], &["/usr/sbin", "/usr/libexec"]).unwrap_or_else(|| {
+        panic!(
+            "MariaDB server binary (mariadbd) not found on PATH or in /usr/sbin: \
+             install the Debian package `mariadb-server`"
+        )
+    })
+}
+
+fn install_bin() -> PathBuf {
+    find(
+        &["mariadb-install-db", "mysql_install_db"],
+        &["/usr/bin", "/usr/sbin"],
+    )
+    .unwrap_or_else(|| {
+        panic!("mariadb-install-db not found: install the Debian package `mariadb-server`")
+    })
+}
+
+/// `--user=root` when the tests run as root: mariadbd refuses root unless
+/// told, and the data directory is ours anyway.
+fn user_args() -> Vec<String> {
+    if nix::unistd::geteuid().is_root() {
+        vec!["--user=root".into()]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Small buffers and no durability: a test server, not a database.
+const SERVER_ARGS: &[&str] = &[
+    "--no-defaults",
+    "--skip-name-resolve",
+    "--innodb-buffer-pool-size=16M",
+    "--innodb-log-file-size=4M",
+    "--innodb-flush-log-at-trx-commit=0",
+    "--skip-log-bin",
+    "--performance-schema=OFF",
+];
+
+/// The system tables, made once per build directory and mariadbd version,
+/// then copied for every server (install-db takes seconds, a copy does not).
+fn template() -> PathBuf {
+    let bin = server_bin();
+    let version = Command::new(&bin)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let tag: String = version
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or("unknown")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '.')
+        .collect();
+    let t = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mariadb-template-{tag}"));
+    if t.join("mysql").is_dir() {
+        return t;
+    }
+    // Made aside and renamed into place: concurrent test processes each
+    // make one, the first rename wins, the others throw theirs away.
+    let tmp = PathBuf::from(format!("{}.tmp-{}", t.display(), std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let out = Command::new(install_bin())
+        .arg("--no-defaults")
+        .arg(format!("--datadir={}", tmp.display()))
+        .args(user_args())
+        .args([
+            "--auth-root-authentication-method=normal",
+            "--skip-test-db",
+            "--skip-name-resolve",
+            "--innodb-log-file-size=4M",
+            "--innodb-buffer-pool-size=16M",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run mariadb-install-db");
+    assert!(
+        out.status.success(),
+        "mariadb-install-db failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if std::fs::rename(&tmp, &t).is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    assert!(t.join("mysql").is_dir(), "no template at {}", t.display());
+    t
+}
+
+impl My {
+    pub fn start() -> My {
+        let template = template();
+        let dir = TempDir::new("my");
+        let data = dir.path().join("data");
+        let out = Command::new("cp")
+            .arg("-a")
+            .arg(&template)
+            .arg(&data)
+            .output()
+            .expect("cp");
+        assert!(out.status.success(), "copy template: {:?}", out);
+        std::fs::write(
+            dir.path().join("init.sql"),
+            format!(
+                "CREATE USER IF NOT EXISTS 'lr'@'%' IDENTIFIED BY '{PASSWORD}';
+                 GRANT ALL ON *.* TO 'lr'@'%' WITH GRANT OPTION;
+                 CREATE DATABASE IF NOT EXISTS lr;\n"
+            ),
+        )
+        .expect("init.sql");
+        let mut my = My {
+            port: 0,
+            dir,
+            server: None,
+        };
+        my.boot();
+        my
+    }
+
+    fn boot(&mut self) {
+        let bin = server_bin();
+        for _ in 0..5 {
+            self.port = free_port();
+            let d = self.dir.path();
+            let log = d.join(format!("server-{}.log", self.port));
+            let mut cmd = Command::new(&bin);
+            cmd.args(SERVER_ARGS)
+                .arg(format!("--datadir={}", d.join("data").display()))
+                .args(user_args())
+                .arg(format!("--port={}", self.port))
+                .arg("--bind-address=127.0.0.1")
+                .arg(format!("--socket={}", d.join("sock").display()))
+                .arg(format!("--pid-file={}", d.join("pid").display()))
+                .arg(format!("--log-error={}", log.display()))
+                .arg(format!("--init-file={}", d.join("init.sql").display()))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0);
+            // SAFETY: prctl only; the server must not outlive a killed test.
+            unsafe {
+                cmd.pre_exec(|| {
+                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                    Ok(())
+                });
+            }
+            let mut child = cmd.spawn().expect("start mariadbd");
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(30) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // port taken, most likely: try another
+                }
+                if self.try_sql("SELECT 1").is_ok() {
+                    self.server = Some(child);
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(30));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!(
+            "could not start a throwaway mariadbd (see {})",
+            self.dir.path().display()
+        );
+    }
+
+    pub fn url(&self) -> String {
+        self.url_with(PASSWORD)
+    }
+
+    pub fn url_with(&self, password: &str) -> String {
+        format!("mysql://lr:{password}@127.0.0.1:{}/lr", self.port)
+    }
+
+    /// Run statements as `lr`; the first column of the first row as text
+    /// ("" when there is none). On a thread of its own, so a test may call
+    /// it from inside its own runtime.
+    pub fn try_sql(&self, sql: &str) -> Result<String, String> {
+        std::thread::scope(|s| {
+            s.spawn(|| self.try_sql_here(sql))
+                .join()
+                .unwrap_or_else(|_| Err("sql thread panicked".into()))
+        })
+    }
+
+    fn try_sql_here(&self, sql: &str) -> Result<String, String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            use sqlx::{Connection, Row};
+            let mut c = tokio::time::timeout(
+                Duration::from_secs(5),
+                sqlx::MySqlConnection::connect(&self.url()),
+            )
+            .await
+            .map_err(|_| "connect timed out".to_string())?
+            .map_err(|e| e.to_string())?;
+            let mut first = String::new();
+            for stmt in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+                let rows = sqlx::query(stmt)
+                    .fetch_all(&mut c)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if let Some(r) = rows.first() {
+                    first = r
+                        .try_get::<String, _>(0)
+                        .or_else(|_| r.try_get::<i64, _>(0).map(|v| v.to_string()))
+                        .unwrap_or_default();
+                }
+            }
+            Ok(first)
+        })
+    }
+
+    pub fn sql(&self, sql: &str) -> String {
+        self.try_sql(sql)
+            .unwrap_or_else(|e| panic!("sql {sql:?} failed: {e}"))
+    }
+
+    /// Kill the server at once, like a crash.
+    pub fn crash(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for My {
+    fn drop(&mut self) {
+        self.crash();
+    }
+}

@@ -1,0 +1,60 @@
+//! One function per store: a fresh, empty store on a throwaway server (or
+//! file), with what the conformance suite needs to know about it. Adding a
+//! store to the suite is one function here and one line in
+//! `tests/conformance.rs`.
+
+use std::any::Any;
+
+use super::{free_port, mysql::My, Pg, TempDir};
+
+pub struct Server {
+    /// The store URL, as a user would pass it to `--store`.
+    pub url: String,
+    /// A URL of the same kind where nothing answers: calls must fail as
+    /// "may heal". `None` for stores without a server.
+    pub dead_url: Option<String>,
+    /// A URL the store refuses for good (a wrong password; for a file, a
+    /// path that cannot be one): calls must fail as "will not heal".
+    pub refused_url: Option<String>,
+    /// Keeps the server (or temp dir) alive; dropping it stops the server.
+    pub guard: Box<dyn Any>,
+}
+
+pub fn postgres() -> Server {
+    let pg = Pg::start();
+    Server {
+        url: pg.url(),
+        dead_url: Some(format!(
+            "postgres://postgres:pw@127.0.0.1:{}/postgres?sslmode=disable",
+            free_port()
+        )),
+        refused_url: Some(format!(
+            "postgres://postgres:Wr0ng-pw@127.0.0.1:{}/postgres?sslmode=disable",
+            pg.port
+        )),
+        guard: Box::new(pg),
+    }
+}
+
+pub fn mysql() -> Server {
+    let my = My::start();
+    Server {
+        url: my.url(),
+        dead_url: Some(format!("mysql://lr:pw@127.0.0.1:{}/lr", free_port())),
+        refused_url: Some(my.url_with("Wr0ng-pw")),
+        guard: Box::new(my),
+    }
+}
+
+pub fn sqlite() -> Server {
+    let dir = TempDir::new("conf-sqlite");
+    let blocker = dir.file("not-a-dir");
+    std::fs::write(&blocker, "").expect("file");
+    Server {
+        url: format!("sqlite://{}", dir.file("leases.db").display()),
+        dead_url: None,
+        // A file where a directory must be: no retry will fix that.
+        refused_url: Some(format!("sqlite://{}/leases.db", blocker.display())),
+        guard: Box::new(dir),
+    }
+}
