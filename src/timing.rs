@@ -173,8 +173,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
     if d > MAX_ANY_DURATION {
         return Err(format!(
-            "{s} is longer than the maximum ({})",
-            Show(MAX_ANY_DURATION)
+            "{s} is longer than the maximum of {} days",
+            MAX_ANY_DURATION.as_secs() / 86_400
         ));
     }
     Ok(d)
@@ -338,8 +338,7 @@ mod tests {
         assert_eq!(parse_duration("365days"), Ok(MAX_ANY_DURATION));
         assert_eq!(
             parse_duration("366days").unwrap_err(),
-            "366days is longer than the maximum (1year 10h 30m 36s)"
-                .replace("1year 10h 30m 36s", &Show(MAX_ANY_DURATION).to_string())
+            "366days is longer than the maximum of 365 days"
         );
         assert!(parse_duration("18446744073709551615s").is_err());
         assert!(parse_duration("1000000000y").is_err());

@@ -40,18 +40,28 @@ fn sqlite_value(db: &std::path::Path, q: &str) -> String {
     })
 }
 
-/// `--min-hold 1000000000y` is clamped on write: the file stays readable.
+/// `--min-hold 1000000000y` is refused on the command line (exit 2, nothing
+/// run); the longest it accepts is clamped on write: the file stays readable.
 #[test]
-fn an_absurd_min_hold_is_clamped_on_write() {
+fn an_absurd_min_hold_is_refused_and_the_longest_is_clamped_on_write() {
     let dir = TempDir::new("minhold");
     let store = format!("sqlite://{}", dir.file("l.db").display());
     assert_eq!(run(lr(&store, "good", &[], "true")).code, Some(0));
-    let r = run(lr(&store, "long", &["--min-hold", "1000000000y"], "true"));
+    let r = run(lr(
+        &store,
+        "long",
+        &["--min-hold", "1000000000y"],
+        "touch ran",
+    ));
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(r.stderr.contains("--min-hold"), "{}", r.stderr);
+    let r = run(lr(&store, "long", &["--min-hold", "365days"], "true"));
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    // Stored as an integer about ten years ahead, not a REAL from an overflow.
+    // Stored as an integer, not a REAL from an overflow.
     let kind = sqlite_value(
         &dir.file("l.db"),
-        "SELECT typeof(expires_at) || ' ' || (expires_at > 300000000000)
+        "SELECT typeof(expires_at) || ' ' || (expires_at > 30000000000)
            FROM leader_lease WHERE name = 'long'",
     );
     assert_eq!(kind, "integer 1");
@@ -129,7 +139,7 @@ fn postgres_rows_at_infinity_still_list_and_release() {
     let r = run(lr(
         &url,
         "inf",
-        &["--min-hold", "1000000000y"],
+        &["--min-hold", "365days"],
         "echo $LEASE_EPOCH",
     ));
     assert_eq!((r.code, r.stdout.trim()), (Some(0), "4"), "{}", r.stderr);

@@ -8,6 +8,7 @@ pub mod checker;
 pub mod mysql;
 pub mod pg;
 pub mod proxy;
+pub mod pty;
 pub mod stores;
 
 use std::path::{Path, PathBuf};
