@@ -9,10 +9,14 @@
 
 mod support;
 
-use std::process::Child;
+use std::io::{Read, Write};
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
+use std::os::unix::process::CommandExt;
 use support::chaos_child::{boot_ns, SCHEMA};
 use support::checker::{self, Fault, Limits};
 use support::*;
@@ -49,8 +53,16 @@ impl Rng {
     }
 }
 
+/// What the harness does with a contender's stderr pipe.
+const READING: u8 = 0;
+const PAUSED: u8 = 1;
+const CLOSED: u8 = 2;
+
 struct Slot {
     proxy: Proxy,
+    /// READING, PAUSED (a log collector that stopped reading) or CLOSED
+    /// (its reader went away).
+    stderr: Arc<AtomicU8>,
     gen: u32,
     proc: Option<Child>,
     restart_at: Option<Instant>,
@@ -92,7 +104,16 @@ impl Suite {
             "-q",
         ])
         .env("CHAOS_CHILD", spec);
-        let p = spawn(c, &self.dir.file(&format!("{who}.log")));
+        // stderr through a pipe the nemesis can stop reading or close.
+        let log = std::fs::File::create(self.dir.file(&format!("{who}.log"))).expect("log");
+        let (r, w) = nix::unistd::pipe().expect("pipe");
+        let state = Arc::new(AtomicU8::new(READING));
+        self.slots[i].stderr = state.clone();
+        c.stdout(log.try_clone().expect("log"))
+            .stderr(Stdio::from(w))
+            .process_group(0);
+        std::thread::spawn(move || copy_stderr(std::fs::File::from(r), log, state));
+        let p = c.spawn().expect("spawn leaderrun");
         self.slots[i].proc = Some(p);
         self.slots[i].restart_at = None;
     }
@@ -115,6 +136,9 @@ impl Suite {
             };
             if let Some(code) = exited {
                 let who = self.who(i);
+                if code == Some(101) {
+                    self.violations.push(format!("{who} panicked (exit 101)"));
+                }
                 self.slots[i].proc = None;
                 self.exits.push((who.clone(), code));
                 let t0 = Instant::now();
@@ -167,8 +191,15 @@ impl Suite {
         // command's group, from the process table (a command that has not
         // logged its start yet is found too).
         signal_group(p, Signal::SIGSTOP);
-        let kids = child_groups(p);
-        let groups: &[i32] = if with_command { &kids } else { &[] };
+        // The command's group; with it, the watchdog's: a freeze of all of
+        // a contender's processes leaves only fencing and the thaw.
+        let dog = watchdog_of(p);
+        let kids: Vec<i32> = child_groups(p)
+            .into_iter()
+            .filter(|k| Some(*k) != dog)
+            .collect();
+        let all: Vec<i32> = kids.iter().copied().chain(dog).collect();
+        let groups: &[i32] = if with_command { &all } else { &[] };
         for k in groups {
             signal_group(*k as u32, Signal::SIGSTOP);
         }
@@ -204,6 +235,7 @@ fn run_chaos(seed: u64, secs: u64) {
     let slots = (0..N)
         .map(|_| Slot {
             proxy: Proxy::start(pg.port),
+            stderr: Arc::default(),
             gen: 0,
             proc: None,
             restart_at: None,
@@ -225,10 +257,10 @@ fn run_chaos(seed: u64, secs: u64) {
     s.idle(Duration::from_secs(2));
     while Instant::now() < t_end {
         let start = boot_ns();
-        let (mut frozen, mut unsupervised, mut stopped_after) = (None, None, None);
+        let (mut frozen, mut stopped_after) = (None, None);
         // When the fault ended: SIGCONT for freezes, now for the rest.
         let mut heal_at = None;
-        let kind = match rng.below(7) {
+        let kind = match rng.below(11) {
             0 => {
                 let i = s.target(&mut rng);
                 if let Some(p) = &s.slots[i].proc {
@@ -244,15 +276,52 @@ fn run_chaos(seed: u64, secs: u64) {
                 "freeze holder"
             }
             6 => {
-                // leaderrun alone: its child runs on without a lease, which
-                // no lease can prevent. The fence must refuse its writes once
-                // a newer leader has written, and the thawed leaderrun must
-                // stop it at once.
-                let Some((who, thawed, stopped)) = s.freeze_holder(&mut rng, false) else {
+                // leaderrun alone: its command runs on without it. The
+                // watchdog stops it on time, so an overlap counts here as
+                // anywhere else.
+                let Some((_, thawed, stopped)) = s.freeze_holder(&mut rng, false) else {
                     continue;
                 };
-                (heal_at, stopped_after, unsupervised) = (Some(thawed), Some(stopped), Some(who));
+                (heal_at, stopped_after) = (Some(thawed), Some(stopped));
                 "freeze leaderrun only"
+            }
+            7 => {
+                // A log collector stops reading: the pipe fills; then the
+                // store goes silent, so leaderrun has warnings to write.
+                let Some(i) = s.holder() else { continue };
+                let Some(p) = s.slots[i].proc.as_ref().map(Child::id) else {
+                    continue;
+                };
+                s.slots[i].stderr.store(PAUSED, Ordering::SeqCst);
+                fill_stderr(p);
+                s.slots[i].proxy.blackhole();
+                s.idle(Duration::from_millis(LEASE_MS as u64) + rng.ms(200, 1500));
+                s.slots[i].proxy.heal();
+                s.slots[i].stderr.store(READING, Ordering::SeqCst);
+                "stderr blocked"
+            }
+            8 => {
+                let i = s.target(&mut rng);
+                s.slots[i].stderr.store(CLOSED, Ordering::SeqCst);
+                "stderr closed"
+            }
+            9 => {
+                // `timeout -k`, `kill -9 -- -PGID`: leaderrun's whole group.
+                let i = s.target(&mut rng);
+                if let Some(p) = &s.slots[i].proc {
+                    signal_group(p.id(), Signal::SIGKILL);
+                }
+                "SIGKILL to leaderrun's group"
+            }
+            10 => {
+                // A terminal's Ctrl-C (the command ignores it), then kill -9.
+                let i = s.target(&mut rng);
+                if let Some(p) = s.slots[i].proc.as_ref().map(Child::id) {
+                    signal_group(p, Signal::SIGINT);
+                    s.idle(rng.ms(50, 300));
+                    signal(p, Signal::SIGKILL);
+                }
+                "Ctrl-C to leaderrun's group, then kill -9"
             }
             2 => {
                 let i = s.target(&mut rng);
@@ -282,7 +351,6 @@ fn run_chaos(seed: u64, secs: u64) {
         faults.push(Fault {
             kind,
             frozen,
-            unsupervised,
             stopped_after,
             start,
             heal: heal_at.unwrap_or_else(boot_ns),
@@ -359,6 +427,48 @@ fn run_chaos(seed: u64, secs: u64) {
         report.violations.len(),
         report.violations.join("\n")
     );
+}
+
+/// Copy a contender's stderr into its log file, as a log collector would:
+/// unless paused (the pipe fills up) or closed (writes fail with EPIPE).
+fn copy_stderr(mut from: std::fs::File, mut to: std::fs::File, state: Arc<AtomicU8>) {
+    use std::os::fd::AsRawFd;
+    let fd = from.as_raw_fd();
+    let fl = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL).expect("getfl");
+    let fl = nix::fcntl::OFlag::from_bits_truncate(fl) | nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(fl)).expect("setfl");
+    let mut buf = [0u8; 8192];
+    loop {
+        match state.load(Ordering::SeqCst) {
+            CLOSED => return,
+            PAUSED => {}
+            _ => match from.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    let _ = to.write_all(&buf[..n]);
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            },
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Fill leaderrun's stderr pipe to the brim, through a file description of
+/// our own (non-blocking), so leaderrun's next write would block.
+fn fill_stderr(pid: u32) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(mut f) = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(format!("/proc/{pid}/fd/2"))
+    else {
+        return;
+    };
+    let chunk = [b'#'; 4096];
+    while f.write(&chunk).is_ok() {}
 }
 
 fn seconds() -> u64 {

@@ -30,6 +30,16 @@ pub fn boot_ns() -> u128 {
 
 /// Runs when the chaos test binary is started with `CHAOS_CHILD=<log>|<url>|<contender>`.
 pub fn main(spec: &str) {
+    // A job that ignores SIGINT: the fault "Ctrl-C to leaderrun's group,
+    // then kill -9" must then be cleaned up by the watchdog, not by the
+    // forwarded interrupt.
+    // SAFETY: setting a disposition to SIG_IGN runs no code of ours.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGINT,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    };
     let mut parts = spec.splitn(3, '|');
     let (log, url, who) = (
         parts.next().expect("log"),
