@@ -1,4 +1,4 @@
-//! The command line (DESIGN-NOTES §3). Scripts and tests rely on it: flags
+//! The command line (README, "Command line"). Scripts and tests rely on it: flags
 //! are added, never renamed.
 
 use std::ffi::OsString;

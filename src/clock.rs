@@ -1,6 +1,6 @@
 //! The local clock every deadline is measured on.
 //!
-//! Contract §2.3: the holder's give-up deadline must keep counting through a
+//! docs/contract.md §3: the holder's give-up deadline must keep counting through a
 //! frozen process (SIGSTOP, a long GC-like stall, a VM pause) *and* through a
 //! suspended machine. `CLOCK_MONOTONIC` — which `std::time::Instant` and
 //! tokio's timers use — stops during suspend, so a laptop or VM that sleeps for

@@ -3,7 +3,7 @@
 //! The elector knows nothing of processes. It answers two questions for the
 //! caller: "do we lead now, at which epoch?" and "when must we stop?".
 //!
-//! Safety reasoning (contract §2.3–§2.6), enforced here and only here:
+//! Safety reasoning (docs/contract.md §3–§6), enforced here and only here:
 //!
 //! * `sent` is read from the boot clock *before* a renewal is sent. The store
 //!   executes it later and sets expiry to `≥ sent + L` on its own clock. So

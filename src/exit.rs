@@ -1,4 +1,4 @@
-//! Exit statuses (DESIGN-NOTES §3). Scripts and tests rely on these numbers.
+//! Exit statuses (README, "Exit status"). Scripts and tests rely on these numbers.
 
 /// Usage error: bad flags, bad durations, a bad lease name, an unknown store.
 pub const USAGE: i32 = 2;

@@ -43,7 +43,9 @@ fn notify_socket() -> Option<UnixDatagram> {
     } else {
         sock.connect(addr)
     };
-    match res {
+    // A datagram to a busy systemd would block: a status line is not worth
+    // holding up the lease loop for (docs/contract.md §10).
+    match res.and_then(|()| sock.set_nonblocking(true)) {
         Ok(()) => Some(sock),
         Err(e) => {
             tracing::warn!(
@@ -185,16 +187,7 @@ impl Reporter {
             "gauge",
             at,
         );
-        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-        let res = std::fs::write(&tmp, m).and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = res {
-            let _ = std::fs::remove_file(&tmp);
-            tracing::warn!(
-                event = "metrics_failed",
-                "cannot write {}: {e}",
-                path.display()
-            );
-        }
+        metrics_writer().put(path.clone(), m);
     }
 }
 
@@ -221,5 +214,89 @@ impl Observer for Shared {
         let mut r = self.0.borrow_mut();
         r.renew_failures += 1;
         r.write_metrics();
+    }
+}
+
+/// The metrics file is written by a thread of its own (docs/contract.md §10): a
+/// slow or hung filesystem (NFS, a full disk) must not hold up the lease
+/// loop. Only the newest content matters, so a write still pending is
+/// replaced, never queued.
+struct MetricsWriter {
+    slot: std::sync::Arc<(std::sync::Mutex<Pending>, std::sync::Condvar)>,
+}
+
+/// The newest content not yet written, and whether a write is under way.
+#[derive(Default)]
+struct Pending {
+    next: Option<(PathBuf, String)>,
+    writing: bool,
+}
+
+static WRITER: std::sync::OnceLock<MetricsWriter> = std::sync::OnceLock::new();
+
+fn metrics_writer() -> &'static MetricsWriter {
+    WRITER.get_or_init(|| {
+        let slot: std::sync::Arc<(std::sync::Mutex<Pending>, std::sync::Condvar)> =
+            std::sync::Arc::default();
+        let s = slot.clone();
+        let _ = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || loop {
+                let next = {
+                    let Ok(mut g) = s.0.lock() else { return };
+                    while g.next.is_none() {
+                        g = match s.1.wait(g) {
+                            Ok(g) => g,
+                            Err(_) => return,
+                        };
+                    }
+                    g.writing = true;
+                    g.next.take()
+                };
+                if let Some((path, text)) = next {
+                    write_atomically(&path, &text);
+                }
+                if let Ok(mut g) = s.0.lock() {
+                    g.writing = false;
+                }
+            });
+        MetricsWriter { slot }
+    })
+}
+
+impl MetricsWriter {
+    fn put(&self, path: PathBuf, text: String) {
+        if let Ok(mut g) = self.slot.0.lock() {
+            g.next = Some((path, text));
+            self.slot.1.notify_one();
+        }
+    }
+}
+
+/// Write, then rename: readers never see half a file.
+fn write_atomically(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let res = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::warn!(
+            event = "metrics_failed",
+            "cannot write {}: {e}",
+            path.display()
+        );
+    }
+}
+
+/// Wait (at most `limit`) for a pending metrics write: called before exit,
+/// so the file's last state is the one written.
+pub fn flush_metrics(limit: std::time::Duration) {
+    let t0 = std::time::Instant::now();
+    let Some(w) = WRITER.get() else { return };
+    while t0.elapsed() < limit {
+        match w.slot.0.lock() {
+            Ok(g) if g.next.is_some() || g.writing => {}
+            _ => return,
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }

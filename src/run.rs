@@ -291,7 +291,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
     report.borrow_mut().acquired(lease.epoch);
 
     // The second guard starts before the command does: from the command's
-    // first instant, either process stops it on time (contract §10).
+    // first instant, either process stops it on time (docs/contract.md §10).
     let orders = Orders {
         store: cfg.store_arg.clone(),
         origin: cfg.store_origin,

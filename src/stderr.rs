@@ -1,4 +1,4 @@
-//! stderr that never holds up the lease path (contract §10).
+//! stderr that never holds up the lease path (docs/contract.md §10).
 //!
 //! leaderrun shares its stderr with whatever started it: a cron mailer, a
 //! log collector, a terminal. If that reader stops reading, a plain

@@ -3,7 +3,7 @@
 //! The supervisor knows nothing of stores or leases; it is told an
 //! environment to add and, on loss, when SIGKILL is due.
 //!
-//! Contract §7 and §11, enforced in [`spawn`]:
+//! docs/contract.md §7 and §11, enforced in [`spawn`]:
 //! * the command runs from argv, never through a shell;
 //! * in its own process group, so the *whole* group can be signalled (a shell
 //!   script's own children included), and in a cgroup of its own where one

@@ -1,4 +1,4 @@
-//! Everything the command started, and how to stop all of it (contract §11).
+//! Everything the command started, and how to stop all of it (docs/contract.md §11).
 //!
 //! A process group is not enough: a descendant can leave it (`setsid`, a
 //! daemon's double fork) and would then outlive the lease. Three mechanisms,

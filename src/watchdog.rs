@@ -1,5 +1,5 @@
 //! The watchdog: a second process that stops the command on time by itself
-//! (contract §10, "either process suffices").
+//! (docs/contract.md §10, "either process suffices").
 //!
 //! leaderrun enforces the give-up deadline with a timer, but a process can
 //! stop running: frozen by SIGSTOP or a debugger, blocked in the kernel,
