@@ -30,41 +30,73 @@ enum Msg {
     Flush(SyncSender<()>),
 }
 
-struct Sink {
+/// A bounded queue in front of one writer thread that alone makes the
+/// blocking writes.
+struct Queue {
     tx: Mutex<SyncSender<Msg>>,
+    dropped: std::sync::Arc<AtomicU64>,
 }
 
-static SINK: OnceLock<Option<Sink>> = OnceLock::new();
-static DROPPED: AtomicU64 = AtomicU64::new(0);
-
-fn sink() -> Option<&'static Sink> {
-    SINK.get_or_init(|| {
-        let (tx, rx) = sync_channel(QUEUE);
+impl Queue {
+    fn start<W: Write + Send + 'static>(out: W, capacity: usize) -> Option<Queue> {
+        let (tx, rx) = sync_channel(capacity);
+        let dropped = std::sync::Arc::new(AtomicU64::new(0));
+        let d = dropped.clone();
         std::thread::Builder::new()
             .name("stderr".into())
-            .spawn(move || writer(rx))
-            .ok()
-            .map(|_| Sink { tx: Mutex::new(tx) })
-    })
-    .as_ref()
+            .spawn(move || writer(out, rx, &d))
+            .ok()?;
+        Some(Queue {
+            tx: Mutex::new(tx),
+            dropped,
+        })
+    }
+
+    /// Never blocks: a line that finds the queue full is counted, not kept.
+    fn push(&self, bytes: Vec<u8>) {
+        let Ok(tx) = self.tx.lock() else { return };
+        match tx.try_send(Msg::Line(bytes)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn flush(&self, limit: Duration) {
+        let (done_tx, done_rx) = sync_channel(1);
+        let sent = match self.tx.lock() {
+            Ok(tx) => tx.try_send(Msg::Flush(done_tx)).is_ok(),
+            Err(_) => false,
+        };
+        if sent {
+            let _ = done_rx.recv_timeout(limit);
+        }
+    }
 }
 
-fn writer(rx: Receiver<Msg>) {
-    let mut err = std::io::stderr();
+static SINK: OnceLock<Option<Queue>> = OnceLock::new();
+
+fn sink() -> Option<&'static Queue> {
+    SINK.get_or_init(|| Queue::start(std::io::stderr(), QUEUE))
+        .as_ref()
+}
+
+fn writer<W: Write>(mut out: W, rx: Receiver<Msg>, dropped: &AtomicU64) {
     while let Ok(msg) = rx.recv() {
         match msg {
             Msg::Line(l) => {
-                let _ = err.write_all(&l);
+                let _ = out.write_all(&l);
             }
             Msg::Flush(done) => {
                 let _ = done.send(());
                 continue;
             }
         }
-        let lost = DROPPED.swap(0, Ordering::Relaxed);
+        let lost = dropped.swap(0, Ordering::Relaxed);
         if lost > 0 {
             let _ = writeln!(
-                err,
+                out,
                 "leaderrun: {lost} log line(s) dropped: stderr was not being read"
             );
         }
@@ -75,16 +107,8 @@ fn writer(rx: Receiver<Msg>) {
 /// no writer thread can be started, the line is dropped rather than written
 /// from here.
 pub fn write(bytes: Vec<u8>) {
-    let Some(s) = sink() else {
-        DROPPED.fetch_add(1, Ordering::Relaxed);
-        return;
-    };
-    let Ok(tx) = s.tx.lock() else { return };
-    match tx.try_send(Msg::Line(bytes)) {
-        Ok(()) => {}
-        Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-            DROPPED.fetch_add(1, Ordering::Relaxed);
-        }
+    if let Some(q) = sink() {
+        q.push(bytes);
     }
 }
 
@@ -93,25 +117,12 @@ pub fn line(text: &str) {
     write(format!("leaderrun: {text}\n").into_bytes());
 }
 
-/// Lines dropped so far and not yet reported (for tests and the exit path).
-pub fn dropped() -> u64 {
-    DROPPED.load(Ordering::Relaxed)
-}
-
 /// Wait at most `limit` for queued lines to be written: called once before
 /// exiting, so that a healthy run loses nothing and a stuck stderr delays
 /// the exit by `limit` at most.
 pub fn flush(limit: Duration) {
-    let Some(s) = SINK.get().and_then(Option::as_ref) else {
-        return;
-    };
-    let (done_tx, done_rx) = sync_channel(1);
-    let sent = match s.tx.lock() {
-        Ok(tx) => tx.try_send(Msg::Flush(done_tx)).is_ok(),
-        Err(_) => false,
-    };
-    if sent {
-        let _ = done_rx.recv_timeout(limit);
+    if let Some(q) = SINK.get().and_then(Option::as_ref) {
+        q.flush(limit);
     }
 }
 
@@ -168,4 +179,64 @@ macro_rules! errln {
     ($($t:tt)*) => {
         $crate::stderr::write(format!("{}\n", format_args!($($t)*)).into_bytes())
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    #[test]
+    fn a_stuck_reader_costs_lines_not_time_and_the_loss_is_reported() {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        // Fill the pipe through a non-blocking description of our own.
+        let mut filler = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(format!("/proc/self/fd/{}", w.as_raw_fd()))
+            .unwrap();
+        let mut filled = 0;
+        while let Ok(n) = filler.write(&[b'.'; 4096]) {
+            filled += n;
+        }
+        drop(filler);
+        let q = Queue::start(std::fs::File::from(w), 4).unwrap();
+        let t0 = std::time::Instant::now();
+        for i in 0..50 {
+            q.push(format!("line {i}\n").into_bytes());
+        }
+        assert!(t0.elapsed() < Duration::from_millis(200), "pushing blocked");
+        // At most the queue and the one line in the writer's hands survive.
+        assert!(q.dropped.load(Ordering::Relaxed) >= 45);
+        // The reader comes back: what was kept arrives, then the count.
+        let mut r = std::fs::File::from(r);
+        let reader = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            let _ = r.read_to_end(&mut all);
+            all
+        });
+        q.push(b"after\n".to_vec());
+        q.flush(Duration::from_secs(5));
+        drop(q);
+        let all = reader.join().unwrap();
+        let text = String::from_utf8_lossy(&all[filled..]).into_owned();
+        assert!(text.contains("line 0\n"), "{text}");
+        assert!(text.contains("after\n"), "{text}");
+        assert!(
+            text.contains("log line(s) dropped: stderr was not being read"),
+            "{text}"
+        );
+        assert!(!text.contains("line 49\n"), "{text}");
+    }
+
+    #[test]
+    fn a_closed_reader_is_not_an_error() {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        drop(r);
+        let q = Queue::start(std::fs::File::from(w), 4).unwrap();
+        q.push(b"nobody reads this\n".to_vec());
+        q.flush(Duration::from_secs(5));
+    }
 }
