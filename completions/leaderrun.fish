@@ -56,7 +56,7 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l json -d '
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s q -l quiet -d 'Only errors'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s h -l help -d 'Print help'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s n -l name -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s n -l name -d 'The lease to clear. Always given on the command line: clearing is an operator\'s deliberate act, never a LEADERRUN_NAME left in the environment' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l epoch -d 'Only if the lease is still at this epoch (what `status` showed)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
@@ -64,8 +64,8 @@ json\t''"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s q -l quiet -d 'Only errors'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s h -l help -d 'Print help'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s n -l name -r
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s e -l epoch -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s n -l name -d 'The lease (leaderrun sets LEASE_NAME for the command)' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s e -l epoch -d 'The epoch it must be live at (leaderrun sets LEASE_EPOCH for the command)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
 json\t''"

@@ -10,6 +10,12 @@ use crate::names::{parse_holder, parse_name};
 
 use crate::timing::parse_duration as duration;
 
+/// The two forms, as `--help` shows them: the run form's COMMAND is the
+/// user's program after `--`, not one of leaderrun's subcommands.
+pub const USAGE: &str = "\
+leaderrun [OPTIONS] --name <NAME> -- <COMMAND> [ARGS]...
+       leaderrun [--store <URL>] [-v|-q] [--log-format <FORMAT>] <SUBCOMMAND> [OPTIONS]";
+
 /// Text for the end of `--help` and for the man page.
 pub const AFTER_HELP: &str = "\
 Exit status (run form): the command's own; 128+N when it died of signal N (or leaderrun got
@@ -36,7 +42,9 @@ pub enum LogFormat {
         environment, renews the lease in the background, and stops COMMAND (SIGTERM, then SIGKILL \
         to its whole process group) before the lease can pass to anyone else.",
     after_help = AFTER_HELP,
-    args_conflicts_with_subcommands = true,
+    override_usage = USAGE,
+    subcommand_value_name = "SUBCOMMAND",
+    subcommand_help_heading = "Subcommands",
     subcommand_negates_reqs = true
 )]
 pub struct Cli {
@@ -86,7 +94,9 @@ pub struct Common {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Lease name: 1-128 of A-Z a-z 0-9 . _ - (not starting with - or .)
-    #[arg(short, long, env = "LEADERRUN_NAME", value_parser = parse_name, required = true)]
+    // hide_env_values: clap would show an unset variable as `[env: LEADERRUN_NAME=]`,
+    // which reads as "set to empty".
+    #[arg(short, long, env = "LEADERRUN_NAME", hide_env_values = true, value_parser = parse_name, required = true)]
     pub name: Option<String>,
 
     /// Lease length L [default: 15s]
@@ -151,7 +161,10 @@ pub enum Admin {
     },
     /// Clear a lease whose holder is gone; the next holder still gets a higher epoch
     Release {
-        #[arg(short, long, env = "LEADERRUN_NAME", value_parser = parse_name)]
+        /// The lease to clear. Always given on the command line: clearing is
+        /// an operator's deliberate act, never a LEADERRUN_NAME left in the
+        /// environment.
+        #[arg(short, long, value_parser = parse_name)]
         name: String,
         /// Only if the lease is still at this epoch (what `status` showed)
         #[arg(long)]
@@ -159,9 +172,11 @@ pub enum Admin {
     },
     /// Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)
     Check {
-        #[arg(short, long, env = "LEASE_NAME", value_parser = parse_name)]
+        /// The lease (leaderrun sets LEASE_NAME for the command)
+        #[arg(short, long, env = "LEASE_NAME", hide_env_values = true, value_parser = parse_name)]
         name: String,
-        #[arg(short, long, env = "LEASE_EPOCH")]
+        /// The epoch it must be live at (leaderrun sets LEASE_EPOCH for the command)
+        #[arg(short, long, env = "LEASE_EPOCH", hide_env_values = true)]
         epoch: i64,
     },
     /// Create the lease table, or print its SQL with --print
@@ -175,10 +190,37 @@ pub enum Admin {
 /// Parse the command line, noting where `--store` came from.
 pub fn parse() -> Result<Cli, clap::Error> {
     use clap::{CommandFactory, FromArgMatches};
-    let m = Cli::command().try_get_matches()?;
+    let mut cmd = Cli::command();
+    let m = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    if let Some((sub, _)) = m.subcommand() {
+        run_flags_before(&m, sub)
+            .map_err(|msg| cmd.error(clap::error::ErrorKind::ArgumentConflict, msg))?;
+    }
     let mut cli = Cli::from_arg_matches(&m)?;
     cli.common.store_origin = store_origin(&m);
     Ok(cli)
+}
+
+/// The common flags may come before a subcommand (`leaderrun --store URL
+/// status`), as a user of git or systemctl expects; the run form's own flags
+/// may not, since the subcommand would silently ignore them. (`--name` from
+/// `LEADERRUN_NAME` is not an error: the environment is not a request.)
+fn run_flags_before(m: &clap::ArgMatches, sub: &str) -> Result<(), String> {
+    use clap::parser::ValueSource;
+    let run = RunArgs::augment_args(clap::Command::new("run"));
+    for arg in run.get_arguments() {
+        let id = arg.get_id().as_str();
+        if m.value_source(id) == Some(ValueSource::CommandLine) {
+            let flag = arg
+                .get_long()
+                .map_or_else(|| "COMMAND".to_string(), |l| format!("--{l}"));
+            return Err(format!(
+                "{flag} belongs to the run form, not to `{sub}`; options of `{sub}` go after it \
+                 (leaderrun {sub} --help)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `--store` is global: its value (and source) may sit in a subcommand's

@@ -1,0 +1,115 @@
+//! The corners a new user and an operator meet first (issue #12): flags
+//! before a subcommand, help text, scripts that cannot run, the status table,
+//! JSON logs, the state directory. Every test runs the real binary.
+
+mod support;
+
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_leaderrun");
+
+fn sqlite(dir: &TempDir) -> String {
+    format!("sqlite://{}", dir.file("leases.db").display())
+}
+
+fn args(a: &[&str]) -> Output {
+    let mut c = leaderrun();
+    c.args(a);
+    run(c)
+}
+
+// ---- 1. common flags before a subcommand ----
+
+#[test]
+fn common_flags_may_precede_a_subcommand() {
+    let dir = TempDir::new("global");
+    let s = sqlite(&dir);
+    assert_eq!(run(lr(&s, "job", &[], "true")).code, Some(0));
+    for pre in [
+        vec!["--store", s.as_str()],
+        vec!["-s", s.as_str(), "-v"],
+        vec!["--store", s.as_str(), "--log-format", "json", "-v"],
+        vec!["-q", "--store", s.as_str()],
+    ] {
+        let mut a = pre.clone();
+        a.push("status");
+        let r = args(&a);
+        assert_eq!(r.code, Some(0), "{a:?}: {}", r.stderr);
+        assert!(r.stdout.contains("job"), "{a:?}: {}", r.stdout);
+        if pre.contains(&"json") {
+            for l in r.stderr.lines() {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+            }
+            assert!(r.stderr.contains("\"event\":\"store\""), "{}", r.stderr);
+        }
+    }
+    // The run form's own flags before a subcommand would be ignored by it:
+    // refused, in one line.
+    let r = args(&["--store", &s, "--name", "job", "status"]);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("--name belongs to the run form"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.stderr.trim_end().lines().count(), 1, "{}", r.stderr);
+}
+
+/// The idiom from the README, inside a job: `check` with the store before it.
+#[test]
+fn check_with_the_store_first_works_inside_a_job() {
+    let dir = TempDir::new("check-first");
+    let s = sqlite(&dir);
+    let job = format!("{BIN} --store '{s}' check || exit 75; {BIN} -q --store '{s}' check --epoch 99 && exit 3; exit 0");
+    let r = run(lr(&s, "job", &[], &job));
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+}
+
+// ---- 10. help text, release without --name ----
+
+#[test]
+fn help_reads_right() {
+    let r = args(&["--help"]);
+    assert_eq!(r.code, Some(0));
+    assert!(
+        !r.stdout.contains("LEADERRUN_NAME="),
+        "an unset variable shown as set to empty: {}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("[env: LEADERRUN_NAME]"), "{}", r.stdout);
+    let usage: Vec<&str> = r
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Usage:"))
+        .take(2)
+        .collect();
+    assert!(usage[0].contains("--name <NAME> -- <COMMAND>"), "{usage:?}");
+    assert!(
+        usage[1].contains("<SUBCOMMAND>") && !usage[1].contains("<COMMAND>"),
+        "the second form must not read as the run form's COMMAND: {usage:?}"
+    );
+    assert!(r.stdout.contains("Subcommands:"), "{}", r.stdout);
+}
+
+#[test]
+fn release_takes_the_name_only_from_the_command_line() {
+    let dir = TempDir::new("release-env");
+    let s = sqlite(&dir);
+    assert_eq!(
+        run(lr(&s, "job", &["--min-hold", "30s"], "true")).code,
+        Some(0)
+    );
+    let mut c = leaderrun();
+    c.env("LEADERRUN_NAME", "job")
+        .args(["release", "--store", &s]);
+    let r = run(c);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(r.stderr.contains("--name"), "{}", r.stderr);
+    let j = args(&["status", "--store", &s, "--name", "job", "--json"]);
+    assert!(
+        j.stdout.contains("\"live\":true"),
+        "released anyway: {}",
+        j.stdout
+    );
+}
