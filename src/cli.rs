@@ -20,9 +20,10 @@ leaderrun [OPTIONS] --name <NAME> -- <COMMAND> [ARGS]...
 pub const AFTER_HELP: &str = "\
 Exit status (run form): the command's own; 128+N when it died of signal N (or leaderrun got
 signal N while waiting); 75 the lease was lost and the command stopped; 124 --timeout passed;
-125 leaderrun failed (store unreachable, wrong password, permission denied); 126 command not
-executable; 127 command not found; 2 usage error; --conflict-exit-code (default 0) when the
-lease is held elsewhere.
+125 leaderrun failed (store unreachable, wrong password, permission denied); 126 command (or
+its #! interpreter) not executable; 127 command (or its #! interpreter) not found; 2 usage
+error; --conflict-exit-code (default 0) when the lease is held elsewhere. 126 and 127 are
+found before the lease is taken.
 Subcommands: 0 done / live; 1 no such lease, nothing to clear, or not live at that epoch;
 125 store failure; 2 usage error.";
 

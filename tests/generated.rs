@@ -27,10 +27,11 @@ the lease was lost while the command ran; the command was stopped
 leaderrun's own failure: store unreachable, wrong password, permission denied
 .TP
 \fB126\fR
-the command is not executable
+the command, or the interpreter on its #! line, is not executable
 .TP
 \fB127\fR
-the command was not found
+the command, or the interpreter on its #! line, was not found (both checked before the lease is
+taken)
 .TP
 \fB2\fR
 usage error: bad flag, duration, lease name, store URL or timing relation

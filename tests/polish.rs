@@ -4,6 +4,8 @@
 
 mod support;
 
+use std::os::unix::fs::PermissionsExt;
+
 use support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_leaderrun");
@@ -16,6 +18,14 @@ fn args(a: &[&str]) -> Output {
     let mut c = leaderrun();
     c.args(a);
     run(c)
+}
+
+/// An executable file with exactly these bytes.
+fn script(dir: &TempDir, name: &str, body: &[u8]) -> std::path::PathBuf {
+    let p = dir.file(name);
+    std::fs::write(&p, body).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
 }
 
 // ---- 1. common flags before a subcommand ----
@@ -112,4 +122,85 @@ fn release_takes_the_name_only_from_the_command_line() {
         "released anyway: {}",
         j.stdout
     );
+}
+
+// ---- 5. scripts that exist but cannot run ----
+
+/// Found before the lease is taken (no epoch used up), with the status a
+/// shell gives and what is really wrong, never "command not found".
+#[test]
+fn a_script_that_cannot_run_says_why_and_takes_no_lease() {
+    let dir = TempDir::new("shebang");
+    let s = sqlite(&dir);
+    let cases: &[(&str, &[u8], i32, &str)] = &[
+        (
+            "crlf.sh",
+            b"#!/bin/sh\r\necho hi\r\n",
+            127,
+            "bad interpreter /bin/sh^M: no such file (the script has Windows line endings",
+        ),
+        (
+            "missing.sh",
+            b"#!/no/such/interpreter -e\necho hi\n",
+            127,
+            "bad interpreter /no/such/interpreter: no such file",
+        ),
+        (
+            "env.sh",
+            b"#!/usr/bin/env no-such-interpreter-xyz\nprint(1)\n",
+            127,
+            "interpreter no-such-interpreter-xyz (from #!/usr/bin/env no-such-interpreter-xyz) is not on PATH",
+        ),
+    ];
+    // An interpreter that exists but is not executable.
+    std::fs::write(dir.file("interp"), "").unwrap();
+    let noexec = format!("#!{}\necho hi\n", dir.file("interp").display());
+    let noexec_want = format!(
+        "bad interpreter {}: permission denied",
+        dir.file("interp").display()
+    );
+    let noexec_case = ("noexec.sh", noexec.as_bytes(), 126, noexec_want.as_str());
+    for (name, body, code, want) in cases.iter().chain([&noexec_case]) {
+        let p = script(&dir, name, body);
+        let mut c = leaderrun();
+        c.args(["--store", &s, "--name", "job", "--"]).arg(&p);
+        let r = run(c);
+        assert_eq!(r.code, Some(*code), "{name}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(want),
+            "{name}: wanted {want:?} in {}",
+            r.stderr
+        );
+        assert!(!r.stderr.contains("not found:"), "{name}: {}", r.stderr);
+    }
+    // Found through PATH too.
+    script(&dir, "crlf-on-path", b"#!/bin/sh\r\ntrue\r\n");
+    let mut c = leaderrun();
+    c.env(
+        "PATH",
+        format!(
+            "{}:{}",
+            dir.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+    )
+    .args(["--store", &s, "--name", "job", "--", "crlf-on-path"]);
+    let r = run(c);
+    assert_eq!(r.code, Some(127), "{}", r.stderr);
+    assert!(r.stderr.contains("Windows line endings"), "{}", r.stderr);
+    // No lease was ever taken: the first real run gets epoch 1.
+    let r = run(lr(&s, "job", &[], "echo $LEASE_EPOCH"));
+    assert_eq!(r.stdout.trim(), "1", "an epoch was used up: {}", r.stderr);
+    // Scripts that do run are left alone: blanks around the interpreter, env.
+    for (name, body) in [
+        ("blanks.sh", &b"#!  /bin/sh  \nexit 7\n"[..]),
+        ("viaenv.sh", b"#!/usr/bin/env sh\nexit 7\n"),
+        ("envopts.sh", b"#!/usr/bin/env -S sh -e\nexit 7\n"),
+    ] {
+        let p = script(&dir, name, body);
+        let mut c = leaderrun();
+        c.args(["--store", &s, "--name", "ok", "--"]).arg(&p);
+        let r = run(c);
+        assert_eq!(r.code, Some(7), "{name}: {}", r.stderr);
+    }
 }
