@@ -208,7 +208,9 @@ impl<S: Store, C: Clock> Elector<S, C> {
                         o.waiting(held.as_ref());
                     }
                     if failing {
-                        tracing::info!(event = "store_recovered", "the store answers again");
+                        // At the level of the warning it ends: whoever saw
+                        // the trouble (a cron mail, -q aside) sees it end.
+                        tracing::warn!(event = "store_recovered", "the store answers again");
                         failing = false;
                     }
                 }
@@ -289,7 +291,9 @@ impl<S: Store, C: Clock> Elector<S, C> {
                     }
                     next = sent + t.renew;
                     if failures > 0 {
-                        tracing::info!(
+                        // Warn, like the renew_failed it ends: a cron mail
+                        // with the trouble also shows that it passed.
+                        tracing::warn!(
                             event = "store_recovered",
                             epoch = lease.epoch,
                             "renewed again after {failures} failed attempt(s)"

@@ -11,6 +11,7 @@
 //! `event`, `name`, `epoch`, `holder` and `message`.
 
 use std::fmt;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::OnceLock;
 
 use tracing::field::{Field, Visit};
@@ -28,6 +29,21 @@ static CONTEXT: OnceLock<(String, String)> = OnceLock::new();
 
 pub fn set_context(name: &str, holder: &str) {
     let _ = CONTEXT.set((name.to_string(), holder.to_string()));
+}
+
+/// The epoch this process holds, once it holds one: lines about the
+/// command (`kill`, `signal`, `group_swept`, …) are about that grant, and a
+/// reader filtering by epoch must see them without every call site naming
+/// it. An event's own `epoch` field wins.
+static EPOCH: AtomicI64 = AtomicI64::new(NO_EPOCH);
+const NO_EPOCH: i64 = i64::MIN;
+
+pub fn set_epoch(epoch: i64) {
+    EPOCH.store(epoch, Ordering::Relaxed);
+}
+
+fn held_epoch() -> Option<i64> {
+    Some(EPOCH.load(Ordering::Relaxed)).filter(|e| *e != NO_EPOCH)
 }
 
 pub fn init(verbose: u8, quiet: bool, format: LogFormat) {
@@ -61,7 +77,22 @@ struct Fields {
     message: String,
     event: Option<String>,
     epoch: Option<i64>,
-    rest: Vec<(&'static str, String)>,
+    rest: Vec<(&'static str, Value)>,
+}
+
+/// An extra field's value: numbers stay numbers in JSON (`"pid":812`).
+enum Value {
+    Int(i64),
+    Text(String),
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Int(n) => write!(f, "{n}"),
+            Value::Text(s) => f.write_str(s),
+        }
+    }
 }
 
 impl Visit for Fields {
@@ -69,20 +100,20 @@ impl Visit for Fields {
         match field.name() {
             "message" => self.message = format!("{value:?}"),
             "event" => self.event = Some(format!("{value:?}").trim_matches('"').to_string()),
-            other => self.rest.push((other, format!("{value:?}"))),
+            other => self.rest.push((other, Value::Text(format!("{value:?}")))),
         }
     }
     fn record_str(&mut self, field: &Field, value: &str) {
         match field.name() {
             "message" => self.message = value.to_string(),
             "event" => self.event = Some(value.to_string()),
-            other => self.rest.push((other, value.to_string())),
+            other => self.rest.push((other, Value::Text(value.to_string()))),
         }
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
         match field.name() {
             "epoch" => self.epoch = Some(value),
-            other => self.rest.push((other, value.to_string())),
+            other => self.rest.push((other, Value::Int(value))),
         }
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
@@ -103,6 +134,7 @@ where
     ) -> fmt::Result {
         let mut f = Fields::default();
         event.record(&mut f);
+        f.epoch = f.epoch.or_else(held_epoch);
         let mut time = String::new();
         SystemTime.format_time(&mut Writer::new(&mut time))?;
         let level = event.metadata().level();
@@ -129,7 +161,10 @@ where
                     line.push(',');
                     escape_into(&mut line, k);
                     line.push(':');
-                    escape_into(&mut line, v);
+                    match v {
+                        Value::Int(n) => line.push_str(&n.to_string()),
+                        Value::Text(t) => escape_into(&mut line, t),
+                    }
                 }
                 line.push('}');
             }

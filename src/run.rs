@@ -289,6 +289,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
         "acquired lease {name}"
     );
     report.borrow_mut().acquired(lease.epoch);
+    logging::set_epoch(lease.epoch);
 
     // The second guard starts before the command does: from the command's
     // first instant, either process stops it on time (docs/contract.md §10).

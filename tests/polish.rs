@@ -5,9 +5,11 @@
 mod support;
 
 use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
 
 use support::*;
 
+const SEC: Duration = Duration::from_secs(1);
 const BIN: &str = env!("CARGO_BIN_EXE_leaderrun");
 
 fn sqlite(dir: &TempDir) -> String {
@@ -203,4 +205,82 @@ fn a_script_that_cannot_run_says_why_and_takes_no_lease() {
         let r = run(c);
         assert_eq!(r.code, Some(7), "{name}: {}", r.stderr);
     }
+}
+
+// ---- 10. log lines ----
+
+fn json_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+/// `pid` is a number, and lines about the command (the SIGKILL at the kill
+/// deadline among them) carry the epoch of the lease it runs under.
+#[test]
+fn json_logs_have_numeric_pids_and_the_kill_carries_the_epoch() {
+    let dir = TempDir::new("jsonkill");
+    let s = sqlite(&dir);
+    // A command that ignores SIGTERM: only the SIGKILL stops it.
+    let job = format!(
+        "trap '' TERM; echo $$ > {p}.tmp && mv {p}.tmp {p}; while :; do sleep 0.05; done",
+        p = dir.file("pid").display()
+    );
+    let mut a = spawn(
+        lr(
+            &s,
+            "k",
+            &["--lease", "3s", "-vv", "--log-format", "json"],
+            &job,
+        ),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("pid"), 10 * SEC);
+    // Cleared under its feet: the next renewal is refused, the lease lost.
+    let r = args(&["release", "--store", &s, "--name", "k"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(wait_exit(&mut a, 10 * SEC).code(), Some(75));
+    let lines = json_lines(&read(&dir.file("a.log")));
+    let started = lines
+        .iter()
+        .find(|v| v["event"] == "started")
+        .expect("a started line");
+    assert!(started["pid"].is_i64(), "pid is not a number: {started}");
+    let kill = lines
+        .iter()
+        .find(|v| v["event"] == "kill")
+        .unwrap_or_else(|| panic!("no kill line in {lines:?}"));
+    assert_eq!(kill["epoch"], 1, "{kill}");
+    assert!(kill["pid"].is_i64(), "{kill}");
+}
+
+/// After a renew_failed warning, the recovery shows at the default level
+/// too: a cron mail with the trouble also says it passed.
+#[test]
+fn recovery_after_a_failed_renewal_is_shown_by_default() {
+    let pg = Pg::start();
+    let proxy = Proxy::start(pg.port);
+    let dir = TempDir::new("recover");
+    let mut a = spawn(
+        lr(
+            &pg.url_via(proxy.port),
+            "r",
+            &["--lease", "6s"],
+            &worker(&dir, "a"),
+        ),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.pid"), 10 * SEC);
+    proxy.blackhole();
+    wait_for("renew_failed", 10 * SEC, || {
+        read(&dir.file("a.log")).contains("renewal failed")
+    });
+    proxy.heal();
+    wait_for("the recovery line", 10 * SEC, || {
+        read(&dir.file("a.log")).contains("renewed again")
+    });
+    let log = read(&dir.file("a.log"));
+    assert!(log.contains(" WARN renewed again"), "{log}");
+    signal(a.id(), nix::sys::signal::Signal::SIGTERM);
+    wait_exit(&mut a, 10 * SEC);
 }
