@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::cli::{Admin, Common};
 use crate::exit;
 use crate::json::Json;
-use crate::store::{Init, LeaseInfo, StoreAdmin, StoreError};
+use crate::store::{Init, LeaseInfo, Store, StoreAdmin, StoreError};
 
 /// Admin calls are one-shot; this bounds connecting plus the statement.
 const CALL: Duration = Duration::from_secs(10);
@@ -29,12 +29,36 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
             return e.exit_code();
         }
     };
+    // Looking must not create: a typo in a file store's path would
+    // otherwise leave a new, empty store behind and answer "no leases".
+    if !matches!(cmd, Admin::Init { .. }) {
+        if let Some(file) = file_store(choice).filter(|f| !f.exists()) {
+            if let Some((_, origin)) = choice {
+                crate::errln!(
+                    "leaderrun: error: no such store file {} (from {origin}); status, release \
+                     and check never create one (a run or `leaderrun init` does)",
+                    crate::names::printable(&file.to_string_lossy())
+                );
+                return exit::FAILURE;
+            }
+            // The embedded default before its first use: nothing has run
+            // here, so there are no leases, which is an answer, not an error.
+            return answer(cmd, Vec::new());
+        }
+    }
     tracing::info!(event = "store", "store {}", store.describe());
     if let Admin::Release { name, .. } | Admin::Check { name, .. } = &cmd {
         crate::logging::set_context(name, "");
     }
     let res = match cmd {
-        Admin::Status { name, json } => status(&mut store, name, json).await,
+        Admin::Status { name, json } => match &name {
+            Some(n) => store
+                .inspect(n, CALL)
+                .await
+                .map(|l| l.into_iter().collect()),
+            None => store.list(CALL).await,
+        }
+        .map(|leases| status(leases, name, json)),
         Admin::Release { name, epoch } => release(&mut store, &name, epoch).await,
         Admin::Check { name, epoch } => check(&mut store, &name, epoch).await,
         Admin::Init { print: true } => match store.schema() {
@@ -79,51 +103,101 @@ fn print_schema(schema: crate::store::Schema, why: &str) {
     crate::outln!("{};", schema.sql);
 }
 
-async fn status<S: StoreAdmin + crate::store::Store>(
-    store: &mut S,
-    name: Option<String>,
-    json: bool,
-) -> Result<i32, StoreError> {
-    let leases = match &name {
-        Some(n) => store.inspect(n, CALL).await?.into_iter().collect(),
-        None => store.list(CALL).await?,
-    };
+/// The file of a file-backed store (the embedded SQLite), if that is what
+/// `choice` names.
+fn file_store(choice: Option<(&str, crate::store::Origin)>) -> Option<std::path::PathBuf> {
+    match choice {
+        None => crate::store::sqlite::default_path().ok(),
+        Some((raw, _)) => url::Url::parse(raw)
+            .ok()
+            .filter(|u| u.scheme() == "sqlite")
+            .and_then(|u| u.to_file_path().ok()),
+    }
+}
+
+/// What the subcommand says about a store that holds these leases (used
+/// for an embedded store that does not exist yet: none).
+fn answer(cmd: Admin, leases: Vec<LeaseInfo>) -> i32 {
+    match cmd {
+        Admin::Status { name, json } => status(leases, name, json),
+        Admin::Release { name, epoch } => {
+            not_released(&name, epoch);
+            NO
+        }
+        Admin::Check { name, epoch } => {
+            tracing::warn!(event = "check_failed", epoch, "no lease named {name}");
+            NO
+        }
+        Admin::Init { .. } => 0,
+    }
+}
+
+fn status(leases: Vec<LeaseInfo>, name: Option<String>, json: bool) -> i32 {
     if json {
         let objs: Vec<String> = leases.iter().map(lease_json).collect();
         match &name {
             Some(_) => crate::outln!("{}", objs.first().map(String::as_str).unwrap_or("null")),
             None => crate::outln!("[{}]", objs.join(",")),
         }
-    } else if !leases.is_empty() {
-        let w = leases
+    } else {
+        // The header even for no leases: a script or a reader can tell
+        // "nothing there" from "nothing ran".
+        use crate::names::{display_width, printable};
+        let rows: Vec<[String; 4]> = leases
             .iter()
-            .map(|l| l.name.len())
-            .max()
-            .unwrap_or(4)
-            .max(4);
-        let hw = leases
-            .iter()
-            .map(|l| l.holder.as_deref().map_or(1, str::len))
-            .max()
-            .unwrap_or(6)
-            .max(6);
-        crate::outln!("{:w$}  {:hw$}  {:>6}  STATE", "NAME", "HOLDER", "EPOCH");
-        for l in &leases {
-            let holder = l.holder.as_deref().unwrap_or("-");
-            crate::outln!("{:w$}  {holder:hw$}  {:>6}  {}", l.name, l.epoch, state(l));
+            .map(|l| {
+                [
+                    printable(&l.name),
+                    l.holder.as_deref().map_or("-".into(), printable),
+                    l.epoch.to_string(),
+                    state(l),
+                ]
+            })
+            .collect();
+        let head = ["NAME", "HOLDER", "EPOCH", "STATE"].map(String::from);
+        let width = |i: usize| {
+            rows.iter()
+                .chain([&head])
+                .map(|r| display_width(&r[i]))
+                .max()
+                .unwrap_or(0)
+        };
+        let (w0, w1, w2) = (width(0), width(1), width(2));
+        // Padded by display width: a holder in Cyrillic or CJK lines up.
+        let pad = |s: &str, w: usize| " ".repeat(w.saturating_sub(display_width(s)));
+        for r in [&head].into_iter().chain(&rows) {
+            crate::outln!(
+                "{}{}  {}{}  {}{}  {}",
+                r[0],
+                pad(&r[0], w0),
+                r[1],
+                pad(&r[1], w1),
+                pad(&r[2], w2),
+                r[2],
+                r[3]
+            );
         }
     }
     if name.is_some() && leases.is_empty() {
         if !json {
             crate::errln!("leaderrun: no lease named {}", name.unwrap_or_default());
         }
-        return Ok(NO);
+        return NO;
     }
-    Ok(0)
+    0
 }
 
+/// A time to or since expiry as a person reads it: tenths of a second
+/// below ten seconds, whole seconds above (the store's milliseconds are
+/// noise here; `--json` keeps them).
 fn ago(ms: i64) -> String {
-    humantime::format_duration(Duration::from_millis(ms.unsigned_abs())).to_string()
+    let ms = ms.unsigned_abs();
+    if ms < 10_000 {
+        let tenths = (ms + 50) / 100;
+        format!("{}.{}s", tenths / 10, tenths % 10)
+    } else {
+        humantime::format_duration(Duration::from_secs((ms + 500) / 1000)).to_string()
+    }
 }
 
 fn state(l: &LeaseInfo) -> String {
@@ -153,7 +227,7 @@ async fn release<S: StoreAdmin>(
         Some(was) => {
             crate::outln!(
                 "released {name}: was held by {} at epoch {} ({}); the next holder gets epoch {} or higher",
-                was.holder.as_deref().unwrap_or("-"),
+                was.holder.as_deref().map_or("-".into(), crate::names::printable),
                 was.epoch,
                 state(&was),
                 was.epoch.saturating_add(1)
@@ -161,14 +235,16 @@ async fn release<S: StoreAdmin>(
             Ok(0)
         }
         None => {
-            match epoch {
-                Some(e) => {
-                    crate::errln!("leaderrun: {name} is not held at epoch {e}; nothing released")
-                }
-                None => crate::errln!("leaderrun: {name} is not held; nothing released"),
-            }
+            not_released(name, epoch);
             Ok(NO)
         }
+    }
+}
+
+fn not_released(name: &str, epoch: Option<i64>) {
+    match epoch {
+        Some(e) => crate::errln!("leaderrun: {name} is not held at epoch {e}; nothing released"),
+        None => crate::errln!("leaderrun: {name} is not held; nothing released"),
     }
 }
 

@@ -404,7 +404,10 @@ impl<S: Store, C: Clock> Elector<S, C> {
 }
 
 pub fn describe_held(info: &LeaseInfo) -> String {
-    match (&info.holder, info.expires_in_ms) {
+    // The holder comes from the store: a row written by hand may hold
+    // anything, and this line goes to a terminal or a journal.
+    let holder = info.holder.as_deref().map(crate::names::printable);
+    match (&holder, info.expires_in_ms) {
         (Some(h), ms) if ms > 0 => format!(
             "lease {} held by {h} (epoch {}) for another {}",
             info.name,

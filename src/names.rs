@@ -50,6 +50,66 @@ pub fn parse_holder(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
+/// Text from a store or a file, safe to print on a terminal: control
+/// characters, and the invisible marks that reorder or hide text (a
+/// right-to-left override can make a table lie), are shown escaped as
+/// `\n`, `\u{202e}`. Holders leaderrun writes never contain them; rows
+/// written by hand may.
+pub fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let hidden = c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+                | '\u{2060}'..='\u{2069}' | '\u{061c}' | '\u{feff}');
+        if hidden {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Columns `s` takes on a terminal, for the common cases: East Asian wide
+/// characters and emoji take two, combining marks none, everything else
+/// one. (No table is needed for the rest: [`printable`] text has no control
+/// characters, and a rare misjudged character costs one column.)
+pub fn display_width(s: &str) -> usize {
+    s.chars().map(char_width).sum()
+}
+
+fn char_width(c: char) -> usize {
+    match c as u32 {
+        // combining marks
+        0x0300..=0x036f
+        | 0x0483..=0x0489
+        | 0x0591..=0x05bd
+        | 0x0610..=0x061a
+        | 0x064b..=0x065f
+        | 0x1ab0..=0x1aff
+        | 0x1dc0..=0x1dff
+        | 0x20d0..=0x20ff
+        | 0xfe00..=0xfe0f
+        | 0xfe20..=0xfe2f => 0,
+        // Hangul Jamo, CJK, Hangul syllables, fullwidth forms, emoji
+        0x1100..=0x115f
+        | 0x2e80..=0x303e
+        | 0x3041..=0x33ff
+        | 0x3400..=0x4dbf
+        | 0x4e00..=0x9fff
+        | 0xa000..=0xa4cf
+        | 0xac00..=0xd7a3
+        | 0xf900..=0xfaff
+        | 0xfe30..=0xfe4f
+        | 0xff00..=0xff60
+        | 0xffe0..=0xffe6
+        | 0x1f300..=0x1f64f
+        | 0x1f900..=0x1f9ff
+        | 0x20000..=0x3fffd => 2,
+        _ => 1,
+    }
+}
+
 /// `<hostname>:<pid>:<random>`: unique per process, so a restarted process on
 /// the same host never mistakes its predecessor's lease for its own.
 pub fn default_holder() -> String {
@@ -91,6 +151,16 @@ mod tests {
         ] {
             assert!(parse_name(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn printable_and_width() {
+        assert_eq!(printable("a\nb\u{202e}c"), "a\\nb\\u{202e}c");
+        assert_eq!(printable("host-ä:1"), "host-ä:1");
+        assert_eq!(display_width("ab"), 2);
+        assert_eq!(display_width("äö"), 2);
+        assert_eq!(display_width("e\u{301}"), 1);
+        assert_eq!(display_width("主机"), 4);
     }
 
     #[test]

@@ -284,3 +284,128 @@ fn recovery_after_a_failed_renewal_is_shown_by_default() {
     signal(a.id(), nix::sys::signal::Signal::SIGTERM);
     wait_exit(&mut a, 10 * SEC);
 }
+
+// ---- 10. the status table ----
+
+fn sql(db: &std::path::Path, q: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        use sqlx::Connection;
+        let url = format!("sqlite://{}", db.display());
+        let mut c = sqlx::SqliteConnection::connect(&url).await.expect("open");
+        sqlx::query(q).execute(&mut c).await.expect("sql");
+    });
+}
+
+/// Terminal columns, as the test reads them: CJK takes two.
+fn columns(s: &str) -> usize {
+    s.chars()
+        .map(|c| {
+            if ('\u{4e00}'..='\u{9fff}').contains(&c) {
+                2
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+#[test]
+fn the_status_table_is_for_humans() {
+    let dir = TempDir::new("table");
+    let s = sqlite(&dir);
+    // No leases yet: the header alone; JSON an empty array.
+    assert_eq!(args(&["init", "--store", &s]).code, Some(0));
+    let r = args(&["status", "--store", &s]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(
+        r.stdout.lines().collect::<Vec<_>>().len(),
+        1,
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.starts_with("NAME"), "{}", r.stdout);
+    assert_eq!(
+        args(&["status", "--store", &s, "--json"]).stdout.trim(),
+        "[]"
+    );
+
+    for (name, holder) in [("a", "主机主机:1"), ("bbbbbbbb", "host-b:22"), ("c", "x")] {
+        let r = run(lr(
+            &s,
+            name,
+            &["--min-hold", "60s", "--holder", holder],
+            "true",
+        ));
+        assert_eq!(r.code, Some(0), "{}", r.stderr);
+    }
+    // A row written by hand: a newline and a right-to-left override.
+    sql(
+        &dir.file("leases.db"),
+        "UPDATE leader_lease SET holder = 'evil' || char(10) || 'x' || char(8238) || 'txt.exe' WHERE name = 'c'",
+    );
+    let r = args(&["status", "--store", &s]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "a newline broke a row: {}", r.stdout);
+    assert!(!r.stdout.contains('\u{202e}'), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("evil\\nx\\u{202e}txt.exe"),
+        "{}",
+        r.stdout
+    );
+    // Columns line up on the terminal, CJK included.
+    let state_at = |l: &str, word: &str| {
+        columns(&l[..l.find(word).unwrap_or_else(|| panic!("{word} in {l}"))])
+    };
+    let at = state_at(lines[0], "STATE");
+    for l in &lines[1..] {
+        assert_eq!(state_at(l, "held"), at, "misaligned:\n{}", r.stdout);
+    }
+    let epoch_end = |l: &str| columns(l) - columns(&l[l.find("held").unwrap_or(l.len())..]);
+    assert_eq!(epoch_end(lines[1]), epoch_end(lines[2]));
+    // No millisecond noise: "expires in 59s", not "59s 873ms".
+    assert!(!r.stdout.contains("ms"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("expires in 59s") || r.stdout.contains("expires in 1m"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn looking_at_a_store_file_that_does_not_exist_creates_nothing() {
+    let dir = TempDir::new("typo");
+    let typo = format!("sqlite://{}", dir.file("typo/x.db").display());
+    for a in [
+        &["status"][..],
+        &["status", "--json"],
+        &["check", "--name", "x", "--epoch", "1"],
+        &["release", "--name", "x"],
+    ] {
+        let mut c = leaderrun();
+        c.args(a).args(["--store", &typo]);
+        let r = run(c);
+        assert_eq!(r.code, Some(125), "{a:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("no such store file"),
+            "{a:?}: {}",
+            r.stderr
+        );
+        assert!(!dir.file("typo").exists(), "{a:?} created it");
+    }
+    // The embedded default before its first use is simply empty.
+    let mut c = leaderrun();
+    c.env("LEADERRUN_STATE_DIR", dir.file("state"))
+        .arg("status");
+    let r = run(c);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.starts_with("NAME"), "{}", r.stdout);
+    assert!(
+        !dir.file("state").exists(),
+        "status created the embedded store"
+    );
+}
