@@ -241,7 +241,15 @@ fn store_origin(m: &clap::ArgMatches) -> crate::store::Origin {
 
 /// clap's error, as one line: cron mail and journals keep it whole.
 pub fn one_line_error(e: &clap::Error) -> String {
-    let text = e.render().to_string();
+    use clap::error::{ContextKind, ContextValue};
+    let mut text = e.render().to_string();
+    // A value with a newline or a tab in it would be folded into a space
+    // below and shown as something it is not: show it escaped instead.
+    if let Some(ContextValue::String(v)) = e.get(ContextKind::InvalidValue) {
+        if v.chars().any(char::is_control) {
+            text = text.replace(v.as_str(), &v.escape_debug().to_string());
+        }
+    }
     let head = text
         .split("\n\nUsage:")
         .next()

@@ -409,3 +409,104 @@ fn looking_at_a_store_file_that_does_not_exist_creates_nothing() {
         "status created the embedded store"
     );
 }
+
+// ---- 10. error messages ----
+
+/// A TLS setting sqlx does not know was reported as "error with
+/// configuration: error with configuration: …".
+#[test]
+fn a_bad_tls_mode_is_reported_once() {
+    for url in [
+        "postgres://u@127.0.0.1:1/db?sslmode=bogus",
+        "mysql://u@127.0.0.1:1/db?ssl-mode=bogus",
+    ] {
+        let r = run(lr(url, "tls", &[], "true"));
+        assert_eq!(r.code, Some(2), "{url}: {}", r.stderr);
+        assert_eq!(
+            r.stderr.matches("error with configuration").count(),
+            1,
+            "{url}: {}",
+            r.stderr
+        );
+        assert!(r.stderr.contains("ssl_mode"), "{url}: {}", r.stderr);
+    }
+}
+
+/// Failures of TLS itself name their cause once.
+#[test]
+fn tls_errors_are_not_doubled() {
+    let tls = Pg::start_with(true);
+    let dir = TempDir::new("tlserr");
+    std::fs::write(dir.file("junk.crt"), "not a certificate\n").unwrap();
+    for q in [
+        "sslmode=verify-full".to_string(),
+        format!(
+            "sslmode=verify-full&sslrootcert={}",
+            dir.file("missing.crt").display()
+        ),
+        format!(
+            "sslmode=verify-full&sslrootcert={}",
+            dir.file("junk.crt").display()
+        ),
+        format!("sslmode=require&sslcert={}", dir.file("junk.crt").display()),
+        format!(
+            "sslmode=require&sslcert={0}&sslkey={0}",
+            dir.file("junk.crt").display()
+        ),
+    ] {
+        let url = format!(
+            "postgres://postgres:{}@localhost:{}/postgres?{q}",
+            support::pg::PASSWORD,
+            tls.port
+        );
+        let r = run(lr(&url, "tls", &[], "true"));
+        assert_eq!(r.code, Some(125), "{q}: {}", r.stderr);
+        assert!(
+            r.stderr.matches("error with configuration").count() <= 1,
+            "{q}: {}",
+            r.stderr
+        );
+    }
+}
+
+/// A holder id with a newline is refused showing the newline, not a space.
+#[test]
+fn a_refused_value_is_shown_escaped() {
+    let r = run(lr(
+        "sqlite:///tmp/unused.db",
+        "x",
+        &["--holder", "a\nb"],
+        "true",
+    ));
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(r.stderr.contains(r"'a\nb'"), "{}", r.stderr);
+    assert_eq!(r.stderr.trim_end().lines().count(), 1, "{}", r.stderr);
+}
+
+/// A state directory leaderrun cannot write to is named, with the reason.
+#[test]
+fn an_unwritable_state_directory_says_why() {
+    let dir = TempDir::new("rostate");
+    let ro = dir.file("ro");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let mut c = leaderrun_unprivileged(&dir);
+    c.env("LEADERRUN_STATE_DIR", &ro)
+        .args(["--name", "x", "--", "true"]);
+    let r = run(c);
+    assert_eq!(r.code, Some(125), "{}", r.stderr);
+    let want = format!("{}: permission denied", ro.display());
+    assert!(r.stderr.contains(&want), "wanted {want:?} in {}", r.stderr);
+}
+
+/// No HOME (and no other place for the embedded store) is a failure of the
+/// environment, 125, not a usage error.
+#[test]
+fn no_home_is_125() {
+    let dir = TempDir::new("nohome");
+    let mut c = leaderrun_unprivileged(&dir);
+    c.env_remove("HOME").args(["--name", "x", "--", "true"]);
+    let r = run(c);
+    assert_eq!(r.code, Some(125), "{}", r.stderr);
+    assert!(r.stderr.contains("HOME"), "{}", r.stderr);
+}

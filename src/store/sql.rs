@@ -96,6 +96,13 @@ pub(crate) fn classify<D: Dialect>(context: &str, e: &sqlx::Error) -> StoreError
 pub(crate) fn message(e: &sqlx::Error) -> String {
     match e {
         sqlx::Error::Database(d) => d.message().to_string(),
+        // sqlx wraps some configuration errors in a second one ("error with
+        // configuration: error with configuration: unknown value …"): say it
+        // once.
+        sqlx::Error::Configuration(inner) => match inner.downcast_ref::<sqlx::Error>() {
+            Some(e @ sqlx::Error::Configuration(_)) => message(e),
+            _ => e.to_string(),
+        },
         other => other.to_string(),
     }
 }

@@ -287,9 +287,13 @@ impl Dialect for Lite {
             .busy_timeout(self.busy)
             .disable_statement_logging();
         let context = format!("cannot open the store {}", self.shown());
-        let mut conn = SqliteConnection::connect_with(&opts)
-            .await
-            .map_err(|e| sql::classify::<Lite>(&context, &e))?;
+        let mut conn =
+            SqliteConnection::connect_with(&opts).await.map_err(|e| {
+                match why_unopenable(&self.path) {
+                    Some(why) => StoreError::Fatal(format!("{context}: {why}")),
+                    None => sql::classify::<Lite>(&context, &e),
+                }
+            })?;
         sqlx::query(TABLE_SQL)
             .execute(&mut conn)
             .await
@@ -309,6 +313,33 @@ impl Dialect for Lite {
                 .is_some_and(|c| matches!(c & 0xff, 5 | 6)),
             _ => false,
         }
+    }
+}
+
+/// SQLite says only "unable to open database file"; the file system can
+/// say why. In WAL mode SQLite writes `-wal` and `-shm` files beside the
+/// database, so the directory must be writable too, even when the file is.
+fn why_unopenable(path: &Path) -> Option<String> {
+    use nix::unistd::{access, AccessFlags};
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty())?;
+    let rw = AccessFlags::R_OK | AccessFlags::W_OK;
+    let said =
+        |p: &Path, e: nix::errno::Errno| format!("{}: {}", p.display(), e.desc().to_lowercase());
+    if path.exists() {
+        if let Err(e) = access(path, rw) {
+            return Some(said(path, e));
+        }
+    } else if !dir.is_dir() {
+        return Some(format!("{}: no such directory", dir.display()));
+    }
+    match access(dir, rw | AccessFlags::X_OK) {
+        Err(e) => Some(format!(
+            "{} (SQLite needs to write {} and its -wal and -shm files there)",
+            said(dir, e),
+            path.file_name()
+                .map_or("the database".into(), |n| n.to_string_lossy())
+        )),
+        Ok(()) => None,
     }
 }
 
