@@ -161,29 +161,22 @@ impl Reporter {
             "counter",
             self.renew_failures.to_string(),
         );
-        let (since, at) = match self.last_renewal {
-            Some(t) => (
-                SystemTime::now()
-                    .duration_since(t)
-                    .unwrap_or(Duration::ZERO)
-                    .as_secs_f64()
-                    .to_string(),
-                t.duration_since(UNIX_EPOCH)
-                    .unwrap_or(Duration::ZERO)
-                    .as_secs_f64()
-                    .to_string(),
-            ),
-            None => ("NaN".into(), "NaN".into()),
+        // Only the timestamp: the file is rewritten at renewals, so an age
+        // computed when writing would read ~0 every time, and would stop
+        // growing exactly when it matters (a hung or frozen leaderrun). The
+        // reader's clock ages the timestamp: alert on
+        // `time() - leaderrun_last_renewal_timestamp_seconds`.
+        let at = match self.last_renewal {
+            Some(t) => t
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or(Duration::ZERO)
+                .as_secs_f64()
+                .to_string(),
+            None => "NaN".into(),
         };
         metric(
-            "seconds_since_last_renewal",
-            "Seconds since the last successful acquisition or renewal, when written.",
-            "gauge",
-            since,
-        );
-        metric(
             "last_renewal_timestamp_seconds",
-            "Unix time of the last successful acquisition or renewal.",
+            "Unix time of the last successful acquisition or renewal; alert on time() minus this while leading.",
             "gauge",
             at,
         );
