@@ -353,8 +353,27 @@ _leaderrun() {
     esac
 }
 
+# After `--` comes the run form's COMMAND: complete it as a command line of
+# its own (bash-completion's _command_offset), or at least as a command name.
+_leaderrun_run_form() {
+    local i
+    for (( i = 1; i < COMP_CWORD; i++ )); do
+        if [[ ${COMP_WORDS[i]} == -- ]]; then
+            if declare -F _command_offset >/dev/null; then
+                _command_offset $((i + 1))
+            elif (( COMP_CWORD == i + 1 )); then
+                mapfile -t COMPREPLY < <(compgen -c -- "${COMP_WORDS[COMP_CWORD]}")
+            else
+                mapfile -t COMPREPLY < <(compgen -f -- "${COMP_WORDS[COMP_CWORD]}")
+            fi
+            return 0
+        fi
+    done
+    _leaderrun "$@"
+}
+
 if [[ "${BASH_VERSINFO[0]}" -eq 4 && "${BASH_VERSINFO[1]}" -ge 4 || "${BASH_VERSINFO[0]}" -gt 4 ]]; then
-    complete -F _leaderrun -o nosort -o bashdefault -o default leaderrun
+    complete -F _leaderrun_run_form -o nosort -o bashdefault -o default leaderrun
 else
-    complete -F _leaderrun -o bashdefault -o default leaderrun
+    complete -F _leaderrun_run_form -o bashdefault -o default leaderrun
 fi

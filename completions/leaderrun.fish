@@ -7,8 +7,10 @@ function __fish_leaderrun_needs_command
     # Figure out if the current invocation already has a command.
     set -l cmd (commandline -opc)
     set -e cmd[1]
+    # An option still waiting for its value (`--log-format <TAB>`) fails to
+    # parse: that is the top level too, where the option's values are offered.
     argparse -s (__fish_leaderrun_global_optspecs) -- $cmd 2>/dev/null
-    or return
+    or return 0
     if set -q argv[1]
         # Also print the command, so this can be used to figure out what it is.
         echo $argv[1]
@@ -25,8 +27,8 @@ function __fish_leaderrun_using_subcommand
 end
 
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
-json\t''"
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
+json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s n -l name -d 'Lease name: 1-128 of A-Z a-z 0-9 . _ - (not starting with - or .)' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l lease -d 'Lease length L [default: 15s]' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l renew -d 'Renew interval R [default: L/3]' -r
@@ -50,37 +52,52 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "init" -d 'Create t
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s n -l name -d 'Only this lease' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
-json\t''"
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
+json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l json -d 'One JSON object per lease (an array without --name)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s q -l quiet -d 'Only errors'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s h -l help -d 'Print help'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s n -l name -d 'The lease to clear. Always given on the command line: clearing is an operator\'s deliberate act, never a LEADERRUN_NAME left in the environment' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s n -l name -d 'The lease to clear (never taken from LEADERRUN_NAME: clearing is deliberate)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l epoch -d 'Only if the lease is still at this epoch (what `status` showed)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
-json\t''"
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
+json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s q -l quiet -d 'Only errors'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s h -l help -d 'Print help'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s n -l name -d 'The lease (leaderrun sets LEASE_NAME for the command)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s e -l epoch -d 'The epoch it must be live at (leaderrun sets LEASE_EPOCH for the command)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
-json\t''"
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
+json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s q -l quiet -d 'Only errors'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s h -l help -d 'Print help'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -l log-format -d 'Log line format on stderr' -r -f -a "text\t''
-json\t''"
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
+json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -l print -d 'Print the SQL instead of running it'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s q -l quiet -d 'Only errors'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s h -l help -d 'Print help'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "status" -d 'Show holder, epoch and time to expiry (by the store\'s clock) of one lease or all'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "release" -d 'Clear a lease whose holder is gone; the next holder still gets a higher epoch'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "check" -d 'Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "init" -d 'Create the lease table, or print its SQL with --print'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+
+# After `--` comes the run form's COMMAND: complete it as a command line of
+# its own.
+function __fish_leaderrun_after_dashdash
+    contains -- -- (commandline -opc)
+end
+
+function __fish_leaderrun_complete_command
+    set -l cmd (commandline -opc)
+    set -l i (contains -i -- -- $cmd)
+    set -l rest $cmd[(math $i + 1)..-1]
+    complete -C (string join ' ' -- (string escape -- $rest) (commandline -ct))
+end
+
+complete -c leaderrun -n __fish_leaderrun_after_dashdash -f -a '(__fish_leaderrun_complete_command)'

@@ -29,7 +29,9 @@ Subcommands: 0 done / live; 1 no such lease, nothing to clear, or not live at th
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
+    /// One line of text per event
     Text,
+    /// One JSON object per event
     Json,
 }
 
@@ -162,9 +164,7 @@ pub enum Admin {
     },
     /// Clear a lease whose holder is gone; the next holder still gets a higher epoch
     Release {
-        /// The lease to clear. Always given on the command line: clearing is
-        /// an operator's deliberate act, never a LEADERRUN_NAME left in the
-        /// environment.
+        /// The lease to clear (never taken from LEADERRUN_NAME: clearing is deliberate)
         #[arg(short, long, value_parser = parse_name)]
         name: String,
         /// Only if the lease is still at this epoch (what `status` showed)

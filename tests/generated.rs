@@ -130,10 +130,136 @@ fn man_page() -> Vec<u8> {
 }
 
 fn completion(shell: Shell) -> Vec<u8> {
+    // The run form's COMMAND is left out of what clap generates: as a
+    // positional it would claim the first word (`leaderrun st<TAB>` offered
+    // files, not `status`) and everything after it. What follows `--` is
+    // completed by the wrappers below instead, as a command line of its own.
+    let mut cmd = Cli::command().mut_arg("command", |a| a.hide(true));
     let mut out = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "leaderrun", &mut out);
-    out
+    clap_complete::generate(shell, &mut cmd, "leaderrun", &mut out);
+    let text = String::from_utf8(out).expect("UTF-8");
+    let text = match shell {
+        Shell::Bash => {
+            let text = edit(&text, BASH_FROM, BASH_TO);
+            // Two `complete` lines, one per bash version.
+            let text = edit(
+                &text,
+                "complete -F _leaderrun ",
+                "complete -F _leaderrun_run_form ",
+            );
+            edit(
+                &text,
+                "complete -F _leaderrun ",
+                "complete -F _leaderrun_run_form ",
+            )
+        }
+        Shell::Zsh => {
+            // clap_complete's zsh output keeps hidden positionals: drop the
+            // COMMAND spec, so the subcommand is the first word again.
+            let text = edit(
+                &text,
+                "':command -- The command and its arguments, run directly (no shell):_default' \\\n",
+                "",
+            );
+            let text = edit(&text, "words=($line[2] ", "words=($line[1] ");
+            let text = edit(
+                &text,
+                "leaderrun-command-$line[2]:",
+                "leaderrun-command-$line[1]:",
+            );
+            let text = edit(&text, "case $line[2] in", "case $line[1] in");
+            edit(&text, ZSH_FROM, ZSH_TO)
+        }
+        Shell::Fish => edit(&edit(&text, FISH_FROM, FISH_TO), "", FISH_ADD),
+        _ => text,
+    };
+    text.into_bytes()
 }
+
+/// Replace `from` (which must be there: a new clap_complete that changed
+/// its output must not silently lose the edit), or append when empty.
+fn edit(text: &str, from: &str, to: &str) -> String {
+    if from.is_empty() {
+        return format!("{text}{to}");
+    }
+    assert!(
+        text.contains(from),
+        "clap_complete's output changed; update the edit of {from:?}"
+    );
+    text.replacen(from, to, 1)
+}
+
+const BASH_FROM: &str = "if [[ \"${BASH_VERSINFO[0]}\" -eq 4";
+const BASH_TO: &str = r#"# After `--` comes the run form's COMMAND: complete it as a command line of
+# its own (bash-completion's _command_offset), or at least as a command name.
+_leaderrun_run_form() {
+    local i
+    for (( i = 1; i < COMP_CWORD; i++ )); do
+        if [[ ${COMP_WORDS[i]} == -- ]]; then
+            if declare -F _command_offset >/dev/null; then
+                _command_offset $((i + 1))
+            elif (( COMP_CWORD == i + 1 )); then
+                mapfile -t COMPREPLY < <(compgen -c -- "${COMP_WORDS[COMP_CWORD]}")
+            else
+                mapfile -t COMPREPLY < <(compgen -f -- "${COMP_WORDS[COMP_CWORD]}")
+            fi
+            return 0
+        fi
+    done
+    _leaderrun "$@"
+}
+
+if [[ "${BASH_VERSINFO[0]}" -eq 4"#;
+
+const ZSH_FROM: &str = r#"if [ "$funcstack[1]" = "_leaderrun" ]; then
+    _leaderrun "$@"
+else
+    compdef _leaderrun leaderrun
+fi"#;
+const ZSH_TO: &str = r#"# After `--` comes the run form's COMMAND: complete it as a command line of
+# its own, as for `nice` or `sudo`.
+(( $+functions[_leaderrun_run_form] )) ||
+_leaderrun_run_form() {
+    local i=${words[(i)--]}
+    if (( i < CURRENT )); then
+        shift $i words
+        (( CURRENT -= i ))
+        _normal
+        return
+    fi
+    _leaderrun "$@"
+}
+
+if [ "$funcstack[1]" = "_leaderrun" ]; then
+    _leaderrun_run_form "$@"
+else
+    compdef _leaderrun_run_form leaderrun
+fi"#;
+
+const FISH_FROM: &str = "    argparse -s (__fish_leaderrun_global_optspecs) -- $cmd 2>/dev/null
+    or return
+";
+const FISH_TO: &str = "    # An option still waiting for its value (`--log-format <TAB>`) fails to
+    # parse: that is the top level too, where the option's values are offered.
+    argparse -s (__fish_leaderrun_global_optspecs) -- $cmd 2>/dev/null
+    or return 0
+";
+const FISH_ADD: &str = r#"
+# After `--` comes the run form's COMMAND: complete it as a command line of
+# its own.
+function __fish_leaderrun_after_dashdash
+    contains -- -- (commandline -opc)
+end
+
+function __fish_leaderrun_complete_command
+    set -l cmd (commandline -opc)
+    set -l i (contains -i -- -- $cmd)
+    set -l rest $cmd[(math $i + 1)..-1]
+    complete -C (string join ' ' -- (string escape -- $rest) (commandline -ct))
+end
+
+complete -c leaderrun -n __fish_leaderrun_after_dashdash -f -a '(__fish_leaderrun_complete_command)'
+"#;
 
 fn generated() -> Vec<(PathBuf, Vec<u8>)> {
     vec![
@@ -210,7 +336,150 @@ fn bash_completion_loads_and_completes() {
          COMP_WORDS=(leaderrun --min) COMP_CWORD=1 && _leaderrun leaderrun --min leaderrun && echo \"${COMPREPLY[@]}\"",
         &root(),
     );
-    assert!(out.contains("-F _leaderrun leaderrun"), "{out}");
+    assert!(out.contains("-F _leaderrun_run_form leaderrun"), "{out}");
     assert!(out.contains("status"), "subcommand not completed: {out}");
     assert!(out.contains("--min-hold"), "flag not completed: {out}");
+}
+
+/// After `--`, bash completes the run form's COMMAND as a command (here
+/// without bash-completion's _command_offset: command names, then files).
+#[test]
+fn bash_completes_the_command_after_the_double_dash() {
+    let out = bash(
+        "source completions/leaderrun.bash && \
+         COMP_WORDS=(leaderrun --name x -- ech) COMP_CWORD=4 && _leaderrun_run_form leaderrun ech -- && echo \"${COMPREPLY[@]}\" && \
+         COMP_WORDS=(leaderrun --name x -- echo --min) COMP_CWORD=5 && _leaderrun_run_form leaderrun --min echo && echo \"[${COMPREPLY[@]}]\"",
+        &root(),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].split(' ').any(|w| w == "echo"),
+        "no command offered: {out}"
+    );
+    assert!(!lines[0].contains("--"), "flags offered after --: {out}");
+    assert_eq!(
+        lines[1], "[]",
+        "leaderrun's flags offered for the command: {out}"
+    );
+}
+
+/// A scratch directory for one shell test.
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("leaderrun-compl-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Drives zsh's real completion: an interactive zsh on a pseudo-terminal
+/// (zpty) gets LINE and a Tab; `compadd` is wrapped to write each match to
+/// OUT, and a post-completion hook marks the end.
+const ZSH_DRIVER: &str = r#"
+zmodload zsh/zpty || exit 3
+dir=$1 out=$2 line=$3
+: >| $out
+zpty lr zsh -f -i
+zpty -w lr "PS1=''; fpath=(${(q)dir} \$fpath); autoload -Uz compinit; compinit -u -D"
+zpty -w lr "bindkey '^I' complete-word"
+zpty -w lr "compadd() { if (( \${@[(I)-[OAD]]} )); then builtin compadd \"\$@\"; return; fi; local -a m; builtin compadd -O m \"\$@\"; print -rl -- \$m >> ${(q)out}; builtin compadd \"\$@\"; }"
+zpty -w lr "_lr_done() { print -r -- '<done>' >> ${(q)out}; }"
+zpty -w lr "comppostfuncs=(_lr_done)"
+zpty -w -n lr "$line"$'\t'
+for i in {1..200}; do
+  grep -q '^<done>$' $out 2>/dev/null && break
+  sleep 0.05
+done
+zpty -d lr
+grep -q '^<done>$' $out || { print -u2 "no completion happened"; exit 4 }
+grep -v '^<done>$' $out
+exit 0
+"#;
+
+fn zsh_complete(line: &str) -> Vec<String> {
+    let d = scratch("zsh");
+    std::fs::write(d.join("drive.zsh"), ZSH_DRIVER).unwrap();
+    let out = std::process::Command::new("zsh")
+        .arg("-f")
+        .arg(d.join("drive.zsh"))
+        .arg(root().join("completions"))
+        .arg(d.join("out"))
+        .arg(line)
+        .current_dir(&d)
+        .env("HOME", &d)
+        .output()
+        .expect("zsh (apt-get install zsh)");
+    let _ = std::fs::remove_dir_all(&d);
+    assert!(
+        out.status.success(),
+        "{line}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut words: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    words.sort();
+    words.dedup();
+    words
+}
+
+#[test]
+fn zsh_completion_through_zsh() {
+    let has = |w: &[String], x: &str| w.iter().any(|m| m == x);
+    let w = zsh_complete("leaderrun st");
+    assert_eq!(w, ["status"], "subcommands first");
+    let w = zsh_complete("leaderrun -v --store sqlite:///x.db st");
+    assert_eq!(w, ["status"], "after the common flags too");
+    let w = zsh_complete("leaderrun status --");
+    assert!(has(&w, "--json") && has(&w, "--name"), "{w:?}");
+    assert!(
+        !has(&w, "--lease") && !has(&w, "--min-hold"),
+        "run-form flags: {w:?}"
+    );
+    let w = zsh_complete("leaderrun --log-format ");
+    assert_eq!(w, ["json", "text"]);
+    let w = zsh_complete("leaderrun --name x -- ech");
+    assert!(has(&w, "echo"), "commands after --: {w:?}");
+    assert!(!has(&w, "status"), "{w:?}");
+    let w = zsh_complete("leaderrun --name x -- ls --al");
+    assert!(
+        has(&w, "--all"),
+        "the command's own completion after --: {w:?}"
+    );
+    let w = zsh_complete("leaderrun --min");
+    assert_eq!(w, ["--min-hold"]);
+}
+
+fn fish_complete(line: &str) -> Vec<String> {
+    let out = std::process::Command::new("fish")
+        .arg("--no-config")
+        .arg("-c")
+        .arg("source completions/leaderrun.fish; complete -C $argv[1]")
+        .arg(line)
+        .current_dir(root())
+        .output()
+        .expect("fish (apt-get install fish)");
+    assert!(
+        out.status.success(),
+        "{line}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split('\t').next().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn fish_completion_through_fish() {
+    let w = fish_complete("leaderrun --log-format ");
+    assert_eq!(w, ["json", "text"], "values, not files");
+    let w = fish_complete("leaderrun status --log-format ");
+    assert_eq!(w, ["json", "text"]);
+    let w = fish_complete("leaderrun st");
+    assert_eq!(w, ["status"]);
+    let w = fish_complete("leaderrun status --");
+    assert!(w.iter().any(|m| m == "--json"), "{w:?}");
+    let w = fish_complete("leaderrun --name x -- ech");
+    assert!(w.iter().any(|m| m == "echo"), "commands after --: {w:?}");
 }
