@@ -66,8 +66,8 @@ json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s q -l quiet -d 'Only errors'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s n -l name -d 'The lease (leaderrun sets LEASE_NAME for the command)' -r
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s e -l epoch -d 'The epoch it must be live at (leaderrun sets LEASE_EPOCH for the command)' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s n -l name -d 'The lease (leaderrun sets LEASE_NAME for the command it runs)' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s e -l epoch -d 'The epoch it must be live at (leaderrun sets LEASE_EPOCH likewise)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"

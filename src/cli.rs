@@ -173,10 +173,10 @@ pub enum Admin {
     },
     /// Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)
     Check {
-        /// The lease (leaderrun sets LEASE_NAME for the command)
+        /// The lease (leaderrun sets LEASE_NAME for the command it runs)
         #[arg(short, long, env = "LEASE_NAME", hide_env_values = true, value_parser = parse_name)]
         name: String,
-        /// The epoch it must be live at (leaderrun sets LEASE_EPOCH for the command)
+        /// The epoch it must be live at (leaderrun sets LEASE_EPOCH likewise)
         #[arg(short, long, env = "LEASE_EPOCH", hide_env_values = true)]
         epoch: i64,
     },
