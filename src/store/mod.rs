@@ -44,6 +44,7 @@
 
 pub mod mysql;
 pub mod postgres;
+pub mod redis;
 mod sql;
 pub mod sqlite;
 
@@ -58,6 +59,7 @@ use crate::redact;
 pub const REGISTRY: &[(&[&str], Open)] = &[
     (&["postgres", "postgresql"], postgres::open),
     (&["mysql", "mariadb"], mysql::open),
+    (&["redis", "rediss"], redis::open),
     (&["sqlite"], sqlite::open),
 ];
 
@@ -608,9 +610,9 @@ mod tests {
                 "is not a URL leaderrun understands",
             ),
             (
-                "redis://:hunter2@h:6379/0",
+                "memcache://:hunter2@h:11211/0",
                 "hunter2",
-                "unknown scheme redis://",
+                "unknown scheme memcache://",
             ),
             ("Xyz:hunter2@h", "hunter2", "is not a URL"),
             ("hunter2", "hunter2", "is not a URL"),

@@ -9,6 +9,7 @@ pub mod mysql;
 pub mod pg;
 pub mod proxy;
 pub mod pty;
+pub mod redis;
 pub mod stores;
 
 use std::path::{Path, PathBuf};

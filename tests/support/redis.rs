@@ -1,0 +1,139 @@
+//! A throwaway `redis-server` per test: a free port on 127.0.0.1, a temp dir,
+//! a password (so a wrong one is testable), nothing saved to disk. Never
+//! touches the machine's shared Redis on 6379.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{free_port, TempDir};
+
+pub const PASSWORD: &str = "r3dis-pw-Kx42";
+
+pub struct Redis {
+    pub port: u16,
+    pub dir: TempDir,
+    server: Option<Child>,
+}
+
+fn need(bin: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).exists()))
+        .unwrap_or(false);
+    if !found {
+        panic!("`{bin}` not found on PATH: install the Debian package `{package}`");
+    }
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        need("redis-server", "redis-server");
+        need("redis-cli", "redis-tools");
+        let dir = TempDir::new("redis");
+        for _ in 0..5 {
+            let port = free_port();
+            let log = std::fs::File::create(dir.file(&format!("server-{port}.log"))).expect("log");
+            let mut cmd = Command::new("redis-server");
+            cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--requirepass", PASSWORD])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(dir.path())
+                .args(["--daemonize", "no", "--loglevel", "warning"])
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log)
+                .process_group(0);
+            // SAFETY: prctl only; the server must not outlive a killed test.
+            unsafe {
+                cmd.pre_exec(|| {
+                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                    Ok(())
+                });
+            }
+            let mut child = cmd.spawn().expect("start redis-server");
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(20) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // the port was taken after all: try another
+                }
+                if cli_as(port, PASSWORD, &["PING"]).as_deref() == Ok("PONG") {
+                    return Redis {
+                        port,
+                        dir,
+                        server: Some(child),
+                    };
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("could not start a throwaway redis-server");
+    }
+
+    pub fn url(&self) -> String {
+        self.url_via(self.port)
+    }
+
+    /// The URL through another port (a fault proxy in front of this server).
+    pub fn url_via(&self, port: u16) -> String {
+        format!("redis://:{PASSWORD}@127.0.0.1:{port}/0")
+    }
+
+    pub fn try_cli(&self, args: &[&str]) -> Result<String, String> {
+        cli_as(self.port, PASSWORD, args)
+    }
+
+    /// A command as the default user; its reply as redis-cli prints it.
+    pub fn cli(&self, args: &[&str]) -> String {
+        self.try_cli(args)
+            .unwrap_or_else(|e| panic!("redis-cli {args:?} failed: {e}"))
+    }
+
+    /// Freeze (SIGSTOP) or thaw (SIGCONT) the server.
+    pub fn freeze(&self, frozen: bool) {
+        if let Some(c) = &self.server {
+            let sig = if frozen {
+                nix::sys::signal::Signal::SIGSTOP
+            } else {
+                nix::sys::signal::Signal::SIGCONT
+            };
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+
+    pub fn stop(&mut self) {
+        self.freeze(false);
+        if let Some(mut c) = self.server.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `redis-cli` against 127.0.0.1:`port` with `password`; its reply, or the
+/// server's error (redis-cli exits 0 on those too).
+fn cli_as(port: u16, password: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .arg("--no-auth-warning")
+        .args(["-a", password])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let refused = ["ERR", "NOAUTH", "WRONGPASS", "NOPERM", "Could not connect"];
+    if out.status.success() && !refused.iter().any(|p| text.starts_with(p)) {
+        Ok(text)
+    } else {
+        Err(format!("{text}{}", String::from_utf8_lossy(&out.stderr)))
+    }
+}
