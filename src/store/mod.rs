@@ -42,6 +42,7 @@
 //! One file implementing [`Store`] and [`StoreAdmin`], and one line in
 //! [`REGISTRY`] naming its URL schemes and its constructor.
 
+pub mod etcd;
 pub mod mysql;
 pub mod postgres;
 pub mod redis;
@@ -59,6 +60,7 @@ use crate::redact;
 pub const REGISTRY: &[(&[&str], Open)] = &[
     (&["postgres", "postgresql"], postgres::open),
     (&["mysql", "mariadb"], mysql::open),
+    (&["etcd", "etcds"], etcd::open),
     (&["redis", "rediss"], redis::open),
     (&["sqlite"], sqlite::open),
 ];
@@ -559,6 +561,15 @@ fn parse(raw: &str, origin: Origin) -> Result<url::Url, ResolveError> {
             known_schemes()
         )));
     }
+    // etcd clusters are named by a host list (`etcd://a:2379,b:2379`),
+    // which URL syntax has no room for; it is rewritten into one first.
+    let folded;
+    let raw = if matches!(scheme, "etcd" | "etcds") {
+        folded = etcd::fold_hosts(raw);
+        folded.as_str()
+    } else {
+        raw
+    };
     let url = url::Url::parse(raw).map_err(|e| {
         ResolveError::Usage(format!(
             "the store URL from {origin} is not valid: {e} \

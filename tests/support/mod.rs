@@ -5,6 +5,7 @@
 
 pub mod chaos_child;
 pub mod checker;
+pub mod etcd;
 pub mod mysql;
 pub mod pg;
 pub mod proxy;
