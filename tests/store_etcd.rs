@@ -413,3 +413,29 @@ fn the_binary_runs_a_command_under_an_etcd_lease() {
         res.stderr
     );
 }
+
+/// `etcds://` verifies the server against the CA named by `cacert=`, and
+/// refuses a server it cannot verify (fatal: a certificate does not heal).
+#[test]
+fn tls_is_verified() {
+    let e = Etcd::start_with(true);
+    rt().block_on(async {
+        let mut a = store(&e.url());
+        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
+        assert!(a.renew("n", "a", 1, L, T).await.unwrap());
+        assert!(a.release("n", "a", 1, ZERO, T).await.unwrap());
+
+        let unverified = format!("etcds://127.0.0.1:{}", e.port);
+        let err = store(&unverified)
+            .acquire("n", "a", L, T)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        assert!(err.to_string().contains("certificate"), "{err}");
+
+        // Plain HTTP to the TLS port: etcd hangs up, nothing is taken.
+        let plain = format!("etcd://127.0.0.1:{}", e.port);
+        let err = store(&plain).acquire("n", "a", L, T).await.unwrap_err();
+        assert!(err.to_string().contains("connection"), "{err}");
+    });
+}

@@ -16,6 +16,8 @@ pub struct Etcd {
     server: Option<Child>,
     /// Set once authentication is on: etcdctl must log in as root.
     auth: bool,
+    /// Clients speak TLS, verified against `dir/ca.crt`.
+    tls: bool,
 }
 
 fn need(bin: &str, package: &str) {
@@ -29,12 +31,22 @@ fn need(bin: &str, package: &str) {
 
 impl Etcd {
     pub fn start() -> Etcd {
+        Etcd::start_with(false)
+    }
+
+    /// With `tls`, the client port speaks only TLS, with a certificate for
+    /// 127.0.0.1 signed by a fresh CA at `dir/ca.crt`.
+    pub fn start_with(tls: bool) -> Etcd {
         need("etcd", "etcd-server");
         need("etcdctl", "etcd-client");
         let dir = TempDir::new("etcd");
+        if tls {
+            make_certs(&dir);
+        }
         for attempt in 0..5 {
             let (port, peer) = (free_port(), free_port());
-            let client_url = format!("http://127.0.0.1:{port}");
+            let scheme = if tls { "https" } else { "http" };
+            let client_url = format!("{scheme}://127.0.0.1:{port}");
             let peer_url = format!("http://127.0.0.1:{peer}");
             let log = std::fs::File::create(dir.file(&format!("server-{port}.log"))).expect("log");
             let mut cmd = Command::new("etcd");
@@ -46,8 +58,14 @@ impl Etcd {
                 .args(["--listen-peer-urls", &peer_url])
                 .args(["--initial-advertise-peer-urls", &peer_url])
                 .args(["--initial-cluster", &format!("t={peer_url}")])
-                .args(["--logger", "zap", "--log-level", "warn"])
-                .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH)
+                .args(["--logger", "zap", "--log-level", "warn"]);
+            if tls {
+                cmd.arg("--cert-file")
+                    .arg(dir.file("server.crt"))
+                    .arg("--key-file")
+                    .arg(dir.file("server.key"));
+            }
+            cmd.env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().expect("log"))
                 .stderr(log)
@@ -65,12 +83,14 @@ impl Etcd {
                 if let Ok(Some(_)) = child.try_wait() {
                     break; // a port was taken after all: try others
                 }
-                if ctl(port, None, &["endpoint", "health"]).is_ok() {
+                let ca = tls.then(|| dir.file("ca.crt"));
+                if ctl(port, ca.as_deref(), None, &["endpoint", "health"]).is_ok() {
                     return Etcd {
                         port,
                         dir,
                         server: Some(child),
                         auth: false,
+                        tls,
                     };
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -82,7 +102,15 @@ impl Etcd {
     }
 
     pub fn url(&self) -> String {
-        format!("etcd://127.0.0.1:{}", self.port)
+        if self.tls {
+            format!(
+                "etcds://127.0.0.1:{}?cacert={}",
+                self.port,
+                self.dir.file("ca.crt").display()
+            )
+        } else {
+            format!("etcd://127.0.0.1:{}", self.port)
+        }
     }
 
     /// Turn authentication on: a root user with [`ROOT_PASSWORD`], and
@@ -107,7 +135,13 @@ impl Etcd {
 
     pub fn try_ctl(&self, args: &[&str]) -> Result<String, String> {
         let root = format!("root:{ROOT_PASSWORD}");
-        ctl(self.port, self.auth.then_some(root.as_str()), args)
+        let ca = self.tls.then(|| self.dir.file("ca.crt"));
+        ctl(
+            self.port,
+            ca.as_deref(),
+            self.auth.then_some(root.as_str()),
+            args,
+        )
     }
 
     /// `etcdctl` against this server; its output.
@@ -148,11 +182,20 @@ impl Drop for Etcd {
     }
 }
 
-fn ctl(port: u16, user: Option<&str>, args: &[&str]) -> Result<String, String> {
+fn ctl(
+    port: u16,
+    ca: Option<&std::path::Path>,
+    user: Option<&str>,
+    args: &[&str],
+) -> Result<String, String> {
     let mut c = Command::new("etcdctl");
+    let scheme = if ca.is_some() { "https" } else { "http" };
     c.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints=127.0.0.1:{port}"))
+        .arg(format!("--endpoints={scheme}://127.0.0.1:{port}"))
         .args(["--dial-timeout=2s", "--command-timeout=5s"]);
+    if let Some(ca) = ca {
+        c.arg(format!("--cacert={}", ca.display()));
+    }
     if let Some(u) = user {
         c.arg(format!("--user={u}"));
     }
@@ -165,5 +208,73 @@ fn ctl(port: u16, user: Option<&str>, args: &[&str]) -> Result<String, String> {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     } else {
         Err(String::from_utf8_lossy(&out.stderr).to_string())
+    }
+}
+
+/// A CA and a server certificate for 127.0.0.1 it signs (rustls refuses a
+/// self-signed certificate used directly as the server's).
+fn make_certs(dir: &TempDir) {
+    std::fs::write(
+        dir.file("ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("ext");
+    let steps: [&[&str]; 3] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=leaderrun test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+        ],
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "ext",
+            "-out",
+            "server.crt",
+        ],
+    ];
+    for args in steps {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .expect("openssl (Debian package `openssl`) is needed for the TLS test");
+        assert!(
+            out.status.success(),
+            "openssl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
