@@ -820,8 +820,11 @@ impl EtcdStore {
                     name: name.to_string(),
                     holder: Some(holder.to_string()),
                     epoch,
-                    // etcd reports whole seconds left.
-                    expires_in_ms: left.saturating_mul(1000),
+                    // etcd reports the seconds left truncated: the lease
+                    // ends within (TTL, TTL + 1] s. Shown as the latest
+                    // end, so a key etcd still keeps never reads as expired
+                    // (TTL 0 means under a second, not gone; -1 is gone).
+                    expires_in_ms: left.saturating_add(1).saturating_mul(1000),
                 })
             }
             None => counter.map(|epoch| LeaseInfo {
