@@ -8,7 +8,7 @@
 //! * `{leaderrun:NAME}:epoch` is a counter that never expires. It is raised
 //!   by exactly one per acquisition (`INCR` in the acquire script) and
 //!   survives releases and expiries, so epochs never repeat while the data
-//!   survives (see docs/stores-kv.md for what a failover can do to that).
+//!   survives (see docs/stores.md for what a failover can do to that).
 //!
 //! Both keys share the hash tag `{leaderrun:NAME}`, so a script that names
 //! both is legal on a cluster slot too, and a name containing `{` or `}`
