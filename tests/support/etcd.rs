@@ -18,6 +18,9 @@ pub struct Etcd {
     auth: bool,
     /// Clients speak TLS, verified against `dir/ca.crt`.
     tls: bool,
+    /// Kept for a restart after [`Etcd::crash`]: same ports, same data.
+    peer: u16,
+    data: std::path::PathBuf,
 }
 
 fn need(bin: &str, package: &str) {
@@ -43,62 +46,99 @@ impl Etcd {
         if tls {
             make_certs(&dir);
         }
+        let mut e = Etcd {
+            port: 0,
+            dir,
+            server: None,
+            auth: false,
+            tls,
+            peer: 0,
+            data: std::path::PathBuf::new(),
+        };
         for attempt in 0..5 {
-            let (port, peer) = (free_port(), free_port());
-            let scheme = if tls { "https" } else { "http" };
-            let client_url = format!("{scheme}://127.0.0.1:{port}");
-            let peer_url = format!("http://127.0.0.1:{peer}");
-            let log = std::fs::File::create(dir.file(&format!("server-{port}.log"))).expect("log");
-            let mut cmd = Command::new("etcd");
-            cmd.args(["--name", "t"])
-                .arg("--data-dir")
-                .arg(dir.file(&format!("data-{attempt}")))
-                .args(["--listen-client-urls", &client_url])
-                .args(["--advertise-client-urls", &client_url])
-                .args(["--listen-peer-urls", &peer_url])
-                .args(["--initial-advertise-peer-urls", &peer_url])
-                .args(["--initial-cluster", &format!("t={peer_url}")])
-                .args(["--logger", "zap", "--log-level", "warn"]);
-            if tls {
-                cmd.arg("--cert-file")
-                    .arg(dir.file("server.crt"))
-                    .arg("--key-file")
-                    .arg(dir.file("server.key"));
+            (e.port, e.peer) = (free_port(), free_port());
+            e.data = e.dir.file(&format!("data-{attempt}"));
+            if e.spawn() {
+                return e;
             }
-            cmd.env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log"))
-                .stderr(log)
-                .process_group(0);
-            // SAFETY: prctl only; the server must not outlive a killed test.
-            unsafe {
-                cmd.pre_exec(|| {
-                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-                    Ok(())
-                });
-            }
-            let mut child = cmd.spawn().expect("start etcd");
-            let t0 = Instant::now();
-            while t0.elapsed() < Duration::from_secs(30) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // a port was taken after all: try others
-                }
-                let ca = tls.then(|| dir.file("ca.crt"));
-                if ctl(port, ca.as_deref(), None, &["endpoint", "health"]).is_ok() {
-                    return Etcd {
-                        port,
-                        dir,
-                        server: Some(child),
-                        auth: false,
-                        tls,
-                    };
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
         }
         panic!("could not start a throwaway etcd");
+    }
+
+    /// Start the server on its ports and data dir; false when it exited or
+    /// never became healthy (a port taken after all).
+    fn spawn(&mut self) -> bool {
+        let (port, peer, tls, dir) = (self.port, self.peer, self.tls, &self.dir);
+        let scheme = if tls { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{port}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.file(&format!("server-{port}.log")))
+            .expect("log");
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", "t"])
+            .arg("--data-dir")
+            .arg(&self.data)
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("t={peer_url}")])
+            .args(["--logger", "zap", "--log-level", "warn"]);
+        if tls {
+            cmd.arg("--cert-file")
+                .arg(dir.file("server.crt"))
+                .arg("--key-file")
+                .arg(dir.file("server.key"));
+        }
+        cmd.env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .process_group(0);
+        // SAFETY: prctl only; the server must not outlive a killed test.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("start etcd");
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
+            }
+            let ca = tls.then(|| dir.file("ca.crt"));
+            // Health needs no login, with authentication on or off.
+            if ctl(port, ca.as_deref(), None, &["endpoint", "health"]).is_ok() {
+                self.server = Some(child);
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    /// kill -9. etcd acknowledges a write only once it is in its fsynced
+    /// log, so nothing acknowledged is lost.
+    pub fn crash(&mut self) {
+        self.stop();
+    }
+
+    /// Start again after [`Etcd::crash`], on the same ports and data.
+    pub fn boot(&mut self) {
+        for _ in 0..5 {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("could not restart the throwaway etcd");
     }
 
     pub fn url(&self) -> String {
