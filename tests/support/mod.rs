@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod chaos_child;
+pub mod chaos_store;
 pub mod checker;
 pub mod etcd;
 pub mod mysql;
