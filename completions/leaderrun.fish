@@ -26,7 +26,7 @@ function __fish_leaderrun_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379…] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s n -l name -d 'Lease name: 1-128 of A-Z a-z 0-9 . _ - (not starting with - or .)' -r
@@ -51,7 +51,7 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "check" -d 'Exit 0 
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "init" -d 'Create the lease table, or print its SQL with --print'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s n -l name -d 'Only this lease' -r
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379…] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l json -d 'One JSON object per lease (an array without --name)'
@@ -60,7 +60,7 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s q -l quie
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s n -l name -d 'The lease to clear (never taken from LEADERRUN_NAME: clearing is deliberate)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l epoch -d 'Only if the lease is still at this epoch (what `status` showed)' -r
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379…] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
@@ -68,13 +68,13 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s q -l qui
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s n -l name -d 'The lease (leaderrun sets LEASE_NAME for the command it runs)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s e -l epoch -d 'The epoch it must be live at (leaderrun sets LEASE_EPOCH likewise)' -r
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379…] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s q -l quiet -d 'Only errors'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379…] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -l print -d 'Print the SQL instead of running it'

@@ -64,7 +64,7 @@ pub struct Cli {
 /// Options every form takes.
 #[derive(Debug, Args)]
 pub struct Common {
-    /// Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]
+    /// Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379…] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]
     #[arg(
         short,
         long,

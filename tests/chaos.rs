@@ -1,8 +1,9 @@
 //! The chaos suite: five `leaderrun --wait` contenders, each through its own
-//! fault proxy, on one throwaway Postgres; a nemesis injecting kill -9,
-//! freezes, partitions, resets, server crashes and server freezes at random
-//! (seeded, printed, replayable); children doing fenced writes; a checker
-//! that fails the run when the guarantees break together.
+//! fault proxy, on one throwaway lease store (Postgres; a short round each
+//! on Redis, etcd and MariaDB: support/chaos_store.rs); a nemesis injecting
+//! kill -9, freezes, partitions, resets, server crashes and server freezes
+//! at random (seeded, printed, replayable); children doing fenced writes; a
+//! checker that fails the run when the guarantees break together.
 //!
 //! CI runs a fixed seed and a random one, `LEADERRUN_CHAOS_SECONDS` each
 //! (default 40). A soak: see the README ("Guarantees").
@@ -17,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use std::os::unix::process::CommandExt;
-use support::chaos_child::{boot_ns, SCHEMA};
+use support::chaos_child::boot_ns;
+use support::chaos_store::{ChaosStore, Kind};
 use support::checker::{self, Fault, Limits};
 use support::*;
 
@@ -69,7 +71,7 @@ struct Slot {
 }
 
 struct Suite {
-    pg: Pg,
+    store: ChaosStore,
     dir: TempDir,
     slots: Vec<Slot>,
     log: std::path::PathBuf,
@@ -85,8 +87,8 @@ impl Suite {
     fn start(&mut self, i: usize) {
         self.slots[i].gen += 1;
         let who = self.who(i);
-        let url = self.pg.url_via(self.slots[i].proxy.port);
-        let spec = format!("{}|{}|{who}", self.log.display(), self.pg.url());
+        let url = self.store.url_via(self.slots[i].proxy.port);
+        let spec = format!("{}|{}|{who}", self.log.display(), self.store.fence_url());
         let exe = std::env::current_exe().expect("test binary");
         let mut c = leaderrun();
         c.args([
@@ -172,10 +174,7 @@ impl Suite {
 
     /// The slot whose instance holds the lease now, by the store.
     fn holder(&self) -> Option<usize> {
-        let h = self
-            .pg
-            .try_sql("SELECT holder FROM leader_lease WHERE name = 'chaos' AND expires_at > now()")
-            .ok()?;
+        let h = self.store.holder("chaos")?;
         (0..N).find(|&i| self.who(i) == h)
     }
 
@@ -224,17 +223,15 @@ impl Suite {
     }
 }
 
-fn run_chaos(seed: u64, secs: u64) {
-    eprintln!("chaos: seed {seed}, {secs} s (replay: LEADERRUN_CHAOS_SEED={seed} LEADERRUN_CHAOS_SECONDS={secs})");
+fn run_chaos(kind: Kind, seed: u64, secs: u64) {
+    eprintln!("chaos: {kind:?}, seed {seed}, {secs} s (replay: LEADERRUN_CHAOS_SEED={seed} LEADERRUN_CHAOS_SECONDS={secs})");
     let mut rng = Rng(seed);
-    let pg = Pg::start();
-    pg.sql(SCHEMA);
-    pg.sql(leaderrun::store::postgres::TABLE_SQL);
+    let store = ChaosStore::start(kind);
     let dir = TempDir::new("chaos");
     let log = dir.file("children.log");
     let slots = (0..N)
         .map(|_| Slot {
-            proxy: Proxy::start(pg.port),
+            proxy: Proxy::start(store.port()),
             stderr: Arc::default(),
             gen: 0,
             proc: None,
@@ -242,7 +239,7 @@ fn run_chaos(seed: u64, secs: u64) {
         })
         .collect();
     let mut s = Suite {
-        pg,
+        store,
         dir,
         slots,
         log,
@@ -253,6 +250,9 @@ fn run_chaos(seed: u64, secs: u64) {
         s.start(i);
     }
     let mut faults: Vec<Fault> = Vec::new();
+    // A short round on another store opens with that store's crash (4) and
+    // freeze (the default arm), so its 20 s always put the store under test.
+    let first: &[u64] = if kind == Kind::Postgres { &[] } else { &[4, 5] };
     let t_end = Instant::now() + Duration::from_secs(secs);
     s.idle(Duration::from_secs(2));
     while Instant::now() < t_end {
@@ -260,7 +260,8 @@ fn run_chaos(seed: u64, secs: u64) {
         let (mut frozen, mut stopped_after) = (None, None);
         // When the fault ended: SIGCONT for freezes, now for the rest.
         let mut heal_at = None;
-        let kind = match rng.below(11) {
+        let pick = first.get(faults.len()).copied();
+        let kind = match pick.unwrap_or_else(|| rng.below(11)) {
             0 => {
                 let i = s.target(&mut rng);
                 if let Some(p) = &s.slots[i].proc {
@@ -336,16 +337,16 @@ fn run_chaos(seed: u64, secs: u64) {
                 "reset link"
             }
             4 => {
-                s.pg.crash();
+                s.store.crash();
                 s.idle(rng.ms(200, 2500));
-                s.pg.boot();
-                "postgres crash"
+                s.store.boot();
+                s.store.crash_kind()
             }
             _ => {
-                s.pg.freeze(true);
+                s.store.freeze(true);
                 s.idle(rng.ms(300, 3000));
-                s.pg.freeze(false);
-                "postgres freeze"
+                s.store.freeze(false);
+                s.store.freeze_kind()
             }
         };
         faults.push(Fault {
@@ -382,21 +383,23 @@ fn run_chaos(seed: u64, secs: u64) {
             ));
         }
     }
-    let accepted: Vec<i64> =
-        s.pg.sql("SELECT epoch FROM chaos_accepted ORDER BY id")
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
+    let accepted: Vec<i64> = s
+        .store
+        .fence
+        .sql("SELECT epoch FROM chaos_accepted ORDER BY id")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
     let limits = Limits {
         // "At once": well under one renew interval (R = 667 ms).
         thaw: 250 * MS,
-        recovery: (LEASE_MS + RETRY_MS) * MS + 1000 * MS,
+        recovery: (LEASE_MS + RETRY_MS) * MS + 1000 * MS + s.store.recovery_slack(),
     };
     let mut report = checker::check(&runs, &accepted, &faults, end, &limits);
     report.violations.append(&mut s.violations);
     let lost = s.exits.iter().filter(|e| e.1 == Some(75)).count();
     eprintln!(
-        "chaos summary, seed {seed}:\n{}leaderrun exits: {} ({} with 75, lease lost)",
+        "chaos summary, {kind:?}, seed {seed}:\n{}leaderrun exits: {} ({} with 75, lease lost)",
         report.summary,
         s.exits.len(),
         lost
@@ -420,6 +423,11 @@ fn run_chaos(seed: u64, secs: u64) {
     assert!(
         runs.len() > 1,
         "no takeover happened: the run proves nothing"
+    );
+    let hit = |k: &str| faults.iter().any(|f| f.kind == k);
+    assert!(
+        first.is_empty() || hit(s.store.crash_kind()) && hit(s.store.freeze_kind()),
+        "the store was never crashed and frozen: the run proves nothing about it"
     );
     assert!(
         report.violations.is_empty(),
@@ -478,13 +486,41 @@ fn seconds() -> u64 {
         .unwrap_or(40)
 }
 
-#[test]
-fn chaos_fixed_seed() {
-    let seed = std::env::var("LEADERRUN_CHAOS_SEED")
+fn fixed_seed() -> u64 {
+    std::env::var("LEADERRUN_CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20261130);
-    run_chaos(seed, seconds());
+        .unwrap_or(20261130)
+}
+
+#[test]
+fn chaos_fixed_seed() {
+    run_chaos(Kind::Postgres, fixed_seed(), seconds());
+}
+
+/// The other shared stores: one short fixed-seed round each (20 s unless
+/// LEADERRUN_CHAOS_SECONDS says otherwise), so CI stays within its time.
+fn short_round(kind: Kind) {
+    let secs = std::env::var("LEADERRUN_CHAOS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    run_chaos(kind, fixed_seed(), secs);
+}
+
+#[test]
+fn chaos_redis() {
+    short_round(Kind::Redis);
+}
+
+#[test]
+fn chaos_etcd() {
+    short_round(Kind::Etcd);
+}
+
+#[test]
+fn chaos_mysql() {
+    short_round(Kind::Mysql);
 }
 
 #[test]
@@ -493,5 +529,5 @@ fn chaos_random_seed() {
         return; // replaying one seed: the fixed-seed test runs it
     }
     let seed = boot_ns() as u64 ^ u64::from(std::process::id()).rotate_left(32);
-    run_chaos(seed, seconds());
+    run_chaos(Kind::Postgres, seed, seconds());
 }

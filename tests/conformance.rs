@@ -31,6 +31,17 @@ fn rt() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+/// The lease the store really grants for a short `want`: at least its
+/// minimum, rounded up to its granularity (etcd: whole seconds, 2 s at
+/// least), so that each check times itself against what the store keeps.
+fn granted(s: &AnyStore, want: Duration) -> Duration {
+    let c = s.capabilities();
+    match c.grant(want.max(c.min_lease)) {
+        Ok(l) => l,
+        Err(e) => panic!("{}: {e}", s.describe()),
+    }
+}
+
 /// Poll `acquire` every 20 ms until it succeeds; the epoch and when.
 async fn acquire_when_free(
     s: &mut AnyStore,
@@ -59,12 +70,9 @@ fn concurrent_acquires_have_one_winner(srv: Server) {
             s.inspect("warmup", T).await.expect("warm up");
         }
         let mut last = 0;
+        let short = granted(&racers[0], Duration::from_secs(1));
         for round in 0..3 {
-            let lease = if round == 1 {
-                Duration::from_secs(1)
-            } else {
-                L
-            };
+            let lease = if round == 1 { short } else { L };
             let futs: Vec<_> = racers
                 .iter_mut()
                 .enumerate()
@@ -94,7 +102,22 @@ fn concurrent_acquires_have_one_winner(srv: Server) {
                     .await
                     .expect("release")),
                 // round 2 races on this lease once it has expired by itself
-                _ => tokio::time::sleep(Duration::from_millis(1100)).await,
+                // (etcd deletes expired keys in a sweep every 500 ms: later
+                // than `sent + L` is allowed, earlier is not)
+                1 => {
+                    tokio::time::sleep(short).await;
+                    let t0 = Instant::now();
+                    while racers[0]
+                        .inspect("race", T)
+                        .await
+                        .expect("inspect")
+                        .is_some_and(|l| l.is_live())
+                    {
+                        assert!(t0.elapsed() < Duration::from_secs(3), "never expired");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                _ => {}
             }
         }
     });
@@ -105,7 +128,7 @@ fn concurrent_acquires_have_one_winner(srv: Server) {
 fn stale_renew_and_release_are_refused(srv: Server) {
     rt().block_on(async {
         let (mut a, mut b) = (store(&srv.url), store(&srv.url));
-        let short = Duration::from_secs(1);
+        let short = granted(&a, Duration::from_secs(1));
         let ea = a
             .acquire("n", "a", short, T)
             .await
@@ -200,7 +223,8 @@ fn min_hold_keeps_the_lease(srv: Server) {
             .await
             .expect("acquire")
             .expect("free");
-        let keep = Duration::from_millis(1200);
+        // etcd keeps whole seconds: 2 s here.
+        let keep = granted(&a, Duration::from_millis(1200));
         let sent = Instant::now();
         assert!(a.release("m", "a", e, keep, T).await.expect("release"));
         assert!(
@@ -210,7 +234,7 @@ fn min_hold_keeps_the_lease(srv: Server) {
         let info = b.inspect("m", T).await.expect("inspect").expect("row");
         assert_eq!(info.holder.as_deref(), Some("a"));
         assert!(
-            info.expires_in_ms > 0 && info.expires_in_ms <= 1200,
+            info.expires_in_ms > 0 && info.expires_in_ms as u128 <= keep.as_millis(),
             "{info:?}"
         );
         let (e2, won) = acquire_when_free(&mut b, "m", "b", L, Duration::from_secs(5)).await;
@@ -396,4 +420,4 @@ macro_rules! conformance {
     )*};
 }
 
-conformance!(postgres, sqlite, mysql);
+conformance!(postgres, sqlite, mysql, redis, etcd);

@@ -42,8 +42,10 @@
 //! One file implementing [`Store`] and [`StoreAdmin`], and one line in
 //! [`REGISTRY`] naming its URL schemes and its constructor.
 
+pub mod etcd;
 pub mod mysql;
 pub mod postgres;
+pub mod redis;
 mod sql;
 pub mod sqlite;
 
@@ -58,6 +60,8 @@ use crate::redact;
 pub const REGISTRY: &[(&[&str], Open)] = &[
     (&["postgres", "postgresql"], postgres::open),
     (&["mysql", "mariadb"], mysql::open),
+    (&["etcd", "etcds"], etcd::open),
+    (&["redis", "rediss"], redis::open),
     (&["sqlite"], sqlite::open),
 ];
 
@@ -557,6 +561,15 @@ fn parse(raw: &str, origin: Origin) -> Result<url::Url, ResolveError> {
             known_schemes()
         )));
     }
+    // etcd clusters are named by a host list (`etcd://a:2379,b:2379`),
+    // which URL syntax has no room for; it is rewritten into one first.
+    let folded;
+    let raw = if matches!(scheme, "etcd" | "etcds") {
+        folded = etcd::fold_hosts(raw);
+        folded.as_str()
+    } else {
+        raw
+    };
     let url = url::Url::parse(raw).map_err(|e| {
         ResolveError::Usage(format!(
             "the store URL from {origin} is not valid: {e} \
@@ -608,9 +621,9 @@ mod tests {
                 "is not a URL leaderrun understands",
             ),
             (
-                "redis://:hunter2@h:6379/0",
+                "memcache://:hunter2@h:11211/0",
                 "hunter2",
-                "unknown scheme redis://",
+                "unknown scheme memcache://",
             ),
             ("Xyz:hunter2@h", "hunter2", "is not a URL"),
             ("hunter2", "hunter2", "is not a URL"),

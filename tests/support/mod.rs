@@ -4,11 +4,14 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod chaos_child;
+pub mod chaos_store;
 pub mod checker;
+pub mod etcd;
 pub mod mysql;
 pub mod pg;
 pub mod proxy;
 pub mod pty;
+pub mod redis;
 pub mod stores;
 
 use std::path::{Path, PathBuf};

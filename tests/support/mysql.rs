@@ -58,13 +58,16 @@ fn user_args() -> Vec<String> {
     }
 }
 
-/// Small buffers and no durability: a test server, not a database.
+/// Small buffers and no fsync: a test server, not a database. Each commit
+/// still reaches the OS (`flush-log-at-trx-commit=2`), so a kill -9 of the
+/// server (the chaos suite's crash) loses nothing it acknowledged; only a
+/// crash of the machine could.
 const SERVER_ARGS: &[&str] = &[
     "--no-defaults",
     "--skip-name-resolve",
     "--innodb-buffer-pool-size=16M",
     "--innodb-log-file-size=4M",
-    "--innodb-flush-log-at-trx-commit=0",
+    "--innodb-flush-log-at-trx-commit=2",
     "--skip-log-bin",
     "--performance-schema=OFF",
 ];
@@ -150,10 +153,14 @@ impl My {
         my
     }
 
-    fn boot(&mut self) {
+    /// Start (or restart, after [`My::crash`]) the server on its port, or
+    /// on a fresh free one when it has none.
+    pub fn boot(&mut self) {
         let bin = server_bin();
         for _ in 0..5 {
-            self.port = free_port();
+            if self.port == 0 {
+                self.port = free_port();
+            }
             let d = self.dir.path();
             let log = d.join(format!("server-{}.log", self.port));
             let mut cmd = Command::new(&bin);
@@ -191,6 +198,7 @@ impl My {
             }
             let _ = child.kill();
             let _ = child.wait();
+            self.port = 0;
         }
         panic!(
             "could not start a throwaway mariadbd (see {})",
@@ -254,7 +262,20 @@ impl My {
     }
 
     /// Kill the server at once, like a crash.
+    /// Freeze (SIGSTOP) or thaw (SIGCONT) the server.
+    pub fn freeze(&self, frozen: bool) {
+        if let Some(c) = &self.server {
+            let sig = if frozen {
+                nix::sys::signal::Signal::SIGSTOP
+            } else {
+                nix::sys::signal::Signal::SIGCONT
+            };
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+
     pub fn crash(&mut self) {
+        self.freeze(false);
         if let Some(mut c) = self.server.take() {
             let _ = c.kill();
             let _ = c.wait();

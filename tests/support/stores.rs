@@ -5,7 +5,7 @@
 
 use std::any::Any;
 
-use super::{free_port, mysql::My, Pg, TempDir};
+use super::{etcd::Etcd, free_port, mysql::My, redis::Redis, Pg, TempDir};
 
 pub struct Server {
     /// The store URL, as a user would pass it to `--store`.
@@ -56,5 +56,27 @@ pub fn sqlite() -> Server {
         // A file where a directory must be: no retry will fix that.
         refused_url: Some(format!("sqlite://{}/leases.db", blocker.display())),
         guard: Box::new(dir),
+    }
+}
+
+pub fn redis() -> Server {
+    let r = Redis::start();
+    Server {
+        url: r.url(),
+        dead_url: Some(format!("redis://:pw@127.0.0.1:{}/0", free_port())),
+        refused_url: Some(format!("redis://:Wr0ng-pw@127.0.0.1:{}/0", r.port)),
+        guard: Box::new(r),
+    }
+}
+
+/// With authentication on, so that a wrong password can be refused.
+pub fn etcd() -> Server {
+    let mut e = Etcd::start();
+    e.enable_auth("lr", "lr-Pw-5t");
+    Server {
+        url: format!("etcd://lr:lr-Pw-5t@127.0.0.1:{}", e.port),
+        dead_url: Some(format!("etcd://lr:pw@127.0.0.1:{}", free_port())),
+        refused_url: Some(format!("etcd://lr:Wr0ng-pw@127.0.0.1:{}", e.port)),
+        guard: Box::new(e),
     }
 }

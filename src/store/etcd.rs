@@ -1,0 +1,1214 @@
+//! The etcd store: a key bound to an etcd lease, and a counter beside it.
+//!
+//! **Why the JSON gateway and a small HTTP/1.1 client.** etcd's gRPC clients
+//! for Rust generate their code with `protoc` at build time, and
+//! `cargo install --path .` must keep working on a machine that has only
+//! Rust. etcd serves the same v3 API as JSON over plain HTTP (its gRPC
+//! gateway, `/v3/...`; 3.4 also answers on the older `/v3beta/`, which 3.5
+//! dropped, so `/v3/` is the one that works on both). The calls needed here
+//! are a handful of request/response POSTs on one keep-alive connection, so
+//! the client below is a few dozen lines over tokio (and tokio-rustls for
+//! `etcds://`, both already built for the Redis store), not a new stack.
+//!
+//! For lease `NAME`:
+//!
+//! * `leaderrun/lease/NAME` holds `EPOCH:HOLDER` and is attached to an etcd
+//!   lease (a server-side TTL). When the TTL runs out etcd deletes the key:
+//!   expiry is decided by the etcd leader's clock, never ours.
+//! * `leaderrun/epoch/NAME` is a counter without a lease. An acquisition is
+//!   one transaction: *if* the lease key does not exist (`create_revision ==
+//!   0`) *and* the counter is unchanged since we read it (`mod_revision`),
+//!   put the lease key and the counter + 1. Two racers that read the same
+//!   counter cannot both pass the compare, so the epoch rises by exactly one
+//!   per acquisition.
+//!
+//! etcd grants whole seconds with a server-side minimum (`1.5 ×` the
+//! election timeout, 2 s with the defaults). The requested lease is rounded
+//! *up* to whole seconds (a longer lease on the server only delays a rival),
+//! the granted TTL is read back, and a grant longer than that (the minimum)
+//! is refused: the holder would time its give-up against a lease the server
+//! does not keep to.
+//!
+//! Renewal is one `LeaseKeepAlive` (checked: TTL > 0) and a read of the key
+//! (checked: still ours at our epoch). Release deletes the key only if its
+//! value is still ours, then revokes our etcd lease.
+//!
+//! Several endpoints (`etcd://a:2379,b:2379`): a call that cannot connect
+//! tries the next one at once; a call that fails after sending is not
+//! repeated (it may have been applied), but the next call starts at the next
+//! endpoint. Every request is linearizable (no `serializable` reads), so any
+//! member answers with the quorum's view.
+//!
+//! Push wake-ups (issue 10): a `Watch` on `leaderrun/lease/NAME` from the
+//! revision after a failed attempt fires on delete, whether by release,
+//! revocation or expiry. The gateway streams it as `/v3/watch`, one JSON
+//! object per event, on a connection of its own; nothing here would change.
+//!
+//! The connection is taken out of `self` for a call and put back only on
+//! success, so a call abandoned by the elector's timer leaves nothing
+//! half-read behind.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio_rustls::rustls;
+
+use super::sql::{check_params, millis};
+use super::{
+    AnyStore, Capabilities, Init, LeaseInfo, Store, StoreAdmin, StoreError, Target, MAX_STORED,
+};
+
+const LEASE_PREFIX: &str = "leaderrun/lease/";
+const EPOCH_PREFIX: &str = "leaderrun/epoch/";
+/// A reply larger than this is not from an etcd we understand.
+const MAX_BODY: usize = 64 << 20;
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+struct Conn {
+    io: BufReader<Box<dyn Io>>,
+    endpoint: usize,
+}
+
+#[derive(Debug)]
+enum EtcdError {
+    /// Could not connect, or the connection broke: may heal.
+    Transport(String),
+    /// etcd's own error: a gRPC status code and message.
+    Status(i64, String),
+    /// Our own refusal (a lease etcd cannot grant, an odd reply).
+    Refused(String),
+}
+
+impl EtcdError {
+    fn is_transient(&self) -> bool {
+        match self {
+            EtcdError::Transport(_) => true,
+            // CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED,
+            // INTERNAL, UNAVAILABLE ("no leader", "request timed out",
+            // "too many requests", a member shutting down).
+            EtcdError::Status(code, _) => matches!(code, 1 | 4 | 8 | 10 | 13 | 14),
+            EtcdError::Refused(_) => false,
+        }
+    }
+    fn is_not_found(&self) -> bool {
+        matches!(self, EtcdError::Status(5, _))
+    }
+}
+
+impl std::fmt::Display for EtcdError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EtcdError::Transport(m) | EtcdError::Refused(m) => f.write_str(m),
+            EtcdError::Status(_, m) => f.write_str(m),
+        }
+    }
+}
+
+type Res<T> = Result<T, EtcdError>;
+
+pub struct EtcdStore {
+    endpoints: Vec<(String, u16)>,
+    tls: bool,
+    ca_file: Option<std::path::PathBuf>,
+    connector: Option<tokio_rustls::TlsConnector>,
+    user: Option<(String, String)>,
+    token: Option<String>,
+    conn: Option<Conn>,
+    next: usize,
+    /// How the store is shown: built from the parsed URL, password hidden.
+    shown: String,
+    /// The etcd lease behind each lease we hold here, by name: (epoch, id).
+    grants: HashMap<String, (i64, i64)>,
+}
+
+/// The query parameter that carries the endpoints after the first (see
+/// [`fold_hosts`]).
+const ENDPOINT_PARAM: &str = "endpoint";
+const DEFAULT_PORT: u16 = 2379;
+
+/// Rewrite a host list, `etcd://[userinfo@]h1:p1,h2:p2[/][?query]`, into a
+/// URL the URL standard allows: the first host stays, each further one
+/// becomes an `endpoint=h2:p2` query parameter (a form that may also be
+/// written directly). The `url` crate would refuse the list ("invalid port
+/// number" at the first comma).
+///
+/// Only the text after the last `@` of the authority is touched, so a
+/// password (which may contain commas) is carried over unchanged and never
+/// inspected; a string without a comma there is returned as it was.
+pub fn fold_hosts(raw: &str) -> String {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return raw.to_string();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(i) => authority.split_at(i + 1),
+        None => ("", authority),
+    };
+    let Some((first, more)) = hosts.split_once(',') else {
+        return raw.to_string();
+    };
+    let (path, query_and_fragment) = tail.split_at(tail.find(['?', '#']).unwrap_or(tail.len()));
+    let (query, fragment) = match query_and_fragment.find('#') {
+        Some(i) => query_and_fragment.split_at(i),
+        None => (query_and_fragment, ""),
+    };
+    let mut query = query.trim_start_matches('?').to_string();
+    for h in more.split(',') {
+        if !query.is_empty() {
+            query.push('&');
+        }
+        query.push_str(ENDPOINT_PARAM);
+        query.push('=');
+        query.push_str(h);
+    }
+    let path = if path.is_empty() { "/" } else { path };
+    format!("{scheme}://{userinfo}{first}{path}?{query}{fragment}")
+}
+
+/// One `host[:port]` (`[v6]:port` for IPv6), default port 2379.
+fn endpoint(h: &str) -> Result<(String, u16), String> {
+    let (host, port) = match h.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') || host.ends_with(']') => {
+            let port = port
+                .parse::<u16>()
+                .map_err(|_| "has an endpoint with an invalid port number".to_string())?;
+            (host, port)
+        }
+        _ => (h, DEFAULT_PORT),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err("has an endpoint without a host".into());
+    }
+    Ok((host.to_string(), port))
+}
+
+/// `etcd://[user:password@]host[:port][,host[:port]…][/][?cacert=PATH]`
+/// (the host list folded into `endpoint=` parameters by [`fold_hosts`]);
+/// `etcds://` for TLS.
+fn from_url(url: &url::Url) -> Result<ParsedUrl, String> {
+    check_params(url, &["cacert", ENDPOINT_PARAM])?;
+    let tls = url.scheme() == "etcds";
+    let first = match url.host() {
+        Some(url::Host::Domain(d)) if !d.is_empty() => d.to_string(),
+        Some(url::Host::Ipv4(a)) => a.to_string(),
+        Some(url::Host::Ipv6(a)) => a.to_string(),
+        _ => return Err("has no host (etcd://host:2379[,host:2379…])".into()),
+    };
+    let mut endpoints = vec![(first, url.port().unwrap_or(DEFAULT_PORT))];
+    let mut ca_file = None;
+    for (k, v) in url.query_pairs() {
+        match k.as_ref() {
+            "cacert" if !v.is_empty() => ca_file = Some(std::path::PathBuf::from(v.as_ref())),
+            ENDPOINT_PARAM => endpoints.push(endpoint(&v)?),
+            _ => return Err(format!("has an empty {k}")),
+        }
+    }
+    if !matches!(url.path(), "" | "/") {
+        return Err("has a path; etcd:// takes none (etcd://host:2379[,host:2379…])".into());
+    }
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|c| c.into_owned())
+            .map_err(|_| "has a user or password that is not valid UTF-8 once decoded".to_string())
+    };
+    let user = match (url.username(), url.password()) {
+        ("", None) => None,
+        (name, pw) => Some((decode(name)?, decode(pw.unwrap_or(""))?)),
+    };
+    // Shown in logs and errors: rebuilt from the parts, so the password
+    // is never part of it whatever it contains.
+    let mut shown = format!("{}://", url.scheme());
+    if !url.username().is_empty() || url.password().is_some() {
+        shown.push_str(url.username());
+        if url.password().is_some() {
+            shown.push_str(":***");
+        }
+        shown.push('@');
+    }
+    let hosts: Vec<String> = endpoints
+        .iter()
+        .map(|(h, p)| {
+            if h.contains(':') {
+                format!("[{h}]:{p}")
+            } else {
+                format!("{h}:{p}")
+            }
+        })
+        .collect();
+    shown.push_str(&hosts.join(","));
+    if let Some(ca) = &ca_file {
+        shown.push_str(&format!("/?cacert={}", ca.display()));
+    }
+    Ok(ParsedUrl {
+        tls,
+        endpoints,
+        user,
+        ca_file,
+        shown,
+    })
+}
+
+struct ParsedUrl {
+    tls: bool,
+    endpoints: Vec<(String, u16)>,
+    user: Option<(String, String)>,
+    ca_file: Option<std::path::PathBuf>,
+    shown: String,
+}
+
+fn b64(s: &str) -> String {
+    B64.encode(s.as_bytes())
+}
+
+fn lease_key(name: &str) -> String {
+    format!("{LEASE_PREFIX}{name}")
+}
+
+fn epoch_key(name: &str) -> String {
+    format!("{EPOCH_PREFIX}{name}")
+}
+
+/// The end of a prefix range: the prefix with its last byte + 1 (the
+/// prefixes here end in `/`, so this never overflows).
+fn prefix_end(prefix: &str) -> String {
+    let mut b = prefix.as_bytes().to_vec();
+    if let Some(last) = b.last_mut() {
+        *last += 1;
+    }
+    String::from_utf8_lossy(&b).into_owned()
+}
+
+/// An int64 field: the gateway writes them as strings and leaves out zeros.
+fn int(v: &Value, key: &str) -> i64 {
+    match v.get(key) {
+        Some(Value::String(s)) => s.parse().unwrap_or(0),
+        Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// A key-value from a range reply.
+struct Kv {
+    key: String,
+    value: String,
+    mod_revision: i64,
+    lease: i64,
+}
+
+fn kvs(range: &Value) -> Res<Vec<Kv>> {
+    let Some(list) = range.get("kvs").and_then(Value::as_array) else {
+        return Ok(Vec::new());
+    };
+    let text = |kv: &Value, f: &str| -> Res<String> {
+        let raw = kv.get(f).and_then(Value::as_str).unwrap_or("");
+        let bytes = B64
+            .decode(raw)
+            .map_err(|_| EtcdError::Refused(format!("etcd sent a {f} that is not base64")))?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    list.iter()
+        .map(|kv| {
+            Ok(Kv {
+                key: text(kv, "key")?,
+                value: text(kv, "value")?,
+                mod_revision: int(kv, "mod_revision"),
+                lease: int(kv, "lease"),
+            })
+        })
+        .collect()
+}
+
+/// The `i`-th response of a transaction, of the given kind.
+fn txn_part<'a>(txn: &'a Value, i: usize, kind: &str) -> Res<&'a Value> {
+    txn.get("responses")
+        .and_then(|r| r.get(i))
+        .and_then(|r| r.get(kind))
+        .ok_or_else(|| EtcdError::Refused(format!("etcd's transaction reply lacks {kind} #{i}")))
+}
+
+fn range_op(key: &str) -> Value {
+    json!({"request_range": {"key": b64(key)}})
+}
+
+fn prefix_op(prefix: &str) -> Value {
+    json!({"request_range": {"key": b64(prefix), "range_end": b64(&prefix_end(prefix))}})
+}
+
+fn lease_value(epoch: i64, holder: &str) -> String {
+    format!("{epoch}:{holder}")
+}
+
+/// `EPOCH:HOLDER` back into its parts.
+fn split_value(v: &str) -> Option<(i64, &str)> {
+    let (e, h) = v.split_once(':')?;
+    Some((e.parse().ok()?, h))
+}
+
+/// Whole seconds, rounded up, at least one.
+fn ttl_secs(d: Duration) -> i64 {
+    let ms = millis(d).max(1) as u64;
+    i64::try_from(ms.div_ceil(1000)).unwrap_or(i64::MAX)
+}
+
+impl EtcdStore {
+    pub fn new(url: &url::Url) -> Result<EtcdStore, String> {
+        let p = from_url(url)?;
+        Ok(EtcdStore {
+            endpoints: p.endpoints,
+            tls: p.tls,
+            ca_file: p.ca_file,
+            connector: None,
+            user: p.user,
+            token: None,
+            conn: None,
+            next: 0,
+            shown: p.shown,
+            grants: HashMap::new(),
+        })
+    }
+
+    fn classify(&self, what: &str, e: EtcdError) -> StoreError {
+        // etcd's own messages ("authentication failed, invalid user ID or
+        // password") and ours name no password.
+        let msg = format!("{what} the store {}: {e}", self.shown);
+        if e.is_transient() {
+            StoreError::Unavailable(msg)
+        } else {
+            StoreError::Fatal(msg)
+        }
+    }
+
+    fn tls_connector(&mut self) -> Res<tokio_rustls::TlsConnector> {
+        if let Some(c) = &self.connector {
+            return Ok(c.clone());
+        }
+        // The system's roots (which honour SSL_CERT_FILE / SSL_CERT_DIR),
+        // plus the CA named by `cacert=` for a private cluster.
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_native_certs::load_native_certs().certs {
+            let _ = roots.add(cert);
+        }
+        if let Some(path) = &self.ca_file {
+            use rustls::pki_types::pem::PemObject;
+            use rustls::pki_types::CertificateDer;
+            let bad = |e: &dyn std::fmt::Display| {
+                EtcdError::Refused(format!("cannot read cacert {}: {e}", path.display()))
+            };
+            for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
+                roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+            }
+        }
+        let config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let c = tokio_rustls::TlsConnector::from(Arc::new(config));
+        self.connector = Some(c.clone());
+        Ok(c)
+    }
+
+    /// A connection to the first endpoint that accepts one, starting at
+    /// `next`: nothing was sent yet, so moving on is always safe.
+    async fn connect(&mut self) -> Res<Conn> {
+        let n = self.endpoints.len();
+        let mut last = String::new();
+        for i in 0..n {
+            let idx = (self.next + i) % n;
+            let (host, port) = self.endpoints[idx].clone();
+            let tcp = match TcpStream::connect((host.as_str(), port)).await {
+                Ok(t) => t,
+                Err(e) => {
+                    last = format!("cannot connect to {host}:{port}: {e}");
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let io: Box<dyn Io> = if self.tls {
+                let connector = self.tls_connector()?;
+                let name = rustls::pki_types::ServerName::try_from(host.clone())
+                    .map_err(|e| EtcdError::Refused(format!("bad host name {host}: {e}")))?;
+                match connector.connect(name, tcp).await {
+                    Ok(s) => Box::new(s),
+                    Err(e) => {
+                        // A certificate problem will not heal; say so.
+                        if e.kind() == std::io::ErrorKind::InvalidData {
+                            return Err(EtcdError::Refused(format!(
+                                "TLS with {host}:{port} failed: {e}"
+                            )));
+                        }
+                        last = format!("TLS with {host}:{port} failed: {e}");
+                        continue;
+                    }
+                }
+            } else {
+                Box::new(tcp)
+            };
+            self.next = idx;
+            return Ok(Conn {
+                io: BufReader::new(io),
+                endpoint: idx,
+            });
+        }
+        Err(EtcdError::Transport(last))
+    }
+
+    /// One POST of `body` to `path`; etcd's JSON reply, or its error.
+    async fn rpc(&mut self, path: &str, body: &Value) -> Res<Value> {
+        if self.user.is_some() && self.token.is_none() && path != "/v3/auth/authenticate" {
+            self.authenticate().await?;
+        }
+        match self.post(path, body).await {
+            // A token the server forgot (restart, TTL): once more, fresh.
+            Err(EtcdError::Status(16, m)) if self.user.is_some() && m.contains("token") => {
+                self.token = None;
+                self.authenticate().await?;
+                self.post(path, body).await
+            }
+            other => other,
+        }
+    }
+
+    async fn authenticate(&mut self) -> Res<()> {
+        let Some((name, password)) = self.user.clone() else {
+            return Ok(());
+        };
+        let r = self
+            .post(
+                "/v3/auth/authenticate",
+                &json!({"name": name, "password": password}),
+            )
+            .await?;
+        match r.get("token").and_then(Value::as_str) {
+            Some(t) => {
+                self.token = Some(t.to_string());
+                Ok(())
+            }
+            None => Err(EtcdError::Refused(
+                "etcd returned no auth token (is authentication enabled?)".into(),
+            )),
+        }
+    }
+
+    async fn post(&mut self, path: &str, body: &Value) -> Res<Value> {
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => self.connect().await?,
+        };
+        let (host, port) = &self.endpoints[conn.endpoint];
+        let payload = body.to_string();
+        let mut head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n",
+            payload.len()
+        );
+        if let Some(t) = &self.token {
+            head.push_str(&format!("Authorization: {t}\r\n"));
+        }
+        head.push_str("\r\n");
+        let exchange = async {
+            let w = conn.io.get_mut();
+            w.write_all(head.as_bytes()).await?;
+            w.write_all(payload.as_bytes()).await?;
+            w.flush().await?;
+            read_response(&mut conn.io).await
+        };
+        let (status, body, keep) = match exchange.await {
+            Ok(r) => r,
+            Err(e) => {
+                // The request may have been applied: not repeated here, but
+                // the next call starts with the next endpoint.
+                self.next = (conn.endpoint + 1) % self.endpoints.len();
+                return Err(EtcdError::Transport(format!(
+                    "connection to {host}:{port} failed: {e}"
+                )));
+            }
+        };
+        let endpoint = conn.endpoint;
+        if keep {
+            self.conn = Some(conn);
+        }
+        let parsed: Option<Value> = serde_json::Deserializer::from_slice(&body)
+            .into_iter::<Value>()
+            .next()
+            .and_then(Result::ok);
+        // A streamed reply (keepalive) wraps its message in `result`, or
+        // carries an `error` object instead.
+        let (v, err) = match parsed {
+            Some(Value::Object(mut m)) => {
+                if let Some(r) = m.remove("result") {
+                    (r, None)
+                } else if let Some(Value::Object(e)) = m.remove("error") {
+                    (Value::Null, Some(Value::Object(e)))
+                } else if m.contains_key("code") && (status != 200 || m.contains_key("message")) {
+                    (Value::Null, Some(Value::Object(m)))
+                } else {
+                    (Value::Object(m), None)
+                }
+            }
+            _ => (Value::Null, None),
+        };
+        if let Some(e) = err {
+            let code = int(&e, "code");
+            let msg = e
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("etcd error")
+                .to_string();
+            if matches!(code, 14 | 4) {
+                // No leader, or a member too busy: ask another next time.
+                self.conn = None;
+                self.next = (endpoint + 1) % self.endpoints.len();
+            }
+            return Err(EtcdError::Status(code, msg));
+        }
+        if status != 200 || v.is_null() {
+            let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+            let e = format!("HTTP {status} from {host}:{port}: {text}");
+            return Err(if status >= 500 || status == 0 {
+                EtcdError::Transport(e)
+            } else {
+                EtcdError::Refused(e)
+            });
+        }
+        Ok(v)
+    }
+
+    async fn txn(&mut self, compare: Value, success: Value, failure: Value) -> Res<Value> {
+        self.rpc(
+            "/v3/kv/txn",
+            &json!({"compare": compare, "success": success, "failure": failure}),
+        )
+        .await
+    }
+
+    async fn revoke(&mut self, id: i64) -> Res<()> {
+        match self
+            .rpc("/v3/lease/revoke", &json!({"ID": id.to_string()}))
+            .await
+        {
+            Err(e) if e.is_not_found() => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+
+    /// Seconds left on an etcd lease; -1 when it is gone.
+    async fn ttl_left(&mut self, id: i64) -> Res<i64> {
+        let r = self
+            .rpc("/v3/lease/timetolive", &json!({"ID": id.to_string()}))
+            .await?;
+        Ok(int(&r, "TTL"))
+    }
+
+    /// A lease of `ttl` whole seconds, exactly, or a refusal.
+    async fn grant(&mut self, ttl: i64) -> Res<i64> {
+        let r = self
+            .rpc("/v3/lease/grant", &json!({"TTL": ttl.to_string()}))
+            .await?;
+        let (id, granted) = (int(&r, "ID"), int(&r, "TTL"));
+        if id == 0 {
+            return Err(EtcdError::Refused(format!(
+                "etcd granted no lease: {}",
+                r.get("error").and_then(Value::as_str).unwrap_or("")
+            )));
+        }
+        if granted != ttl {
+            let _ = self.revoke(id).await;
+            return Err(EtcdError::Refused(format!(
+                "etcd grants leases of at least {granted}s here, not {ttl}s: use --lease {granted}s \
+                 or more (its minimum is 1.5 × the cluster's election timeout)"
+            )));
+        }
+        Ok(id)
+    }
+
+    /// The lease key and the counter, read together (one linearizable txn).
+    async fn read(&mut self, name: &str) -> Res<(Option<Kv>, Option<Kv>)> {
+        let r = self
+            .txn(
+                json!([]),
+                json!([range_op(&lease_key(name)), range_op(&epoch_key(name))]),
+                json!([]),
+            )
+            .await?;
+        let lease = kvs(txn_part(&r, 0, "response_range")?)?.pop();
+        let epoch = kvs(txn_part(&r, 1, "response_range")?)?.pop();
+        Ok((lease, epoch))
+    }
+
+    async fn acquire_inner(&mut self, name: &str, holder: &str, ttl: i64) -> Res<Option<i64>> {
+        let mut id = None;
+        let res = self.try_acquire(name, holder, ttl, &mut id).await;
+        // A grant we did not use: hand it back rather than let it linger.
+        if !matches!(res, Ok(Some(_))) {
+            if let Some(id) = id {
+                let _ = self.revoke(id).await;
+            }
+        }
+        res
+    }
+
+    async fn try_acquire(
+        &mut self,
+        name: &str,
+        holder: &str,
+        ttl: i64,
+        id: &mut Option<i64>,
+    ) -> Res<Option<i64>> {
+        let (lk, ek) = (lease_key(name), epoch_key(name));
+        // Bounded by the caller's timeout; more than one round only when a
+        // whole acquire-and-release slipped in between our read and write.
+        loop {
+            let (lease, counter) = self.read(name).await?;
+            if lease.is_some() {
+                return Ok(None);
+            }
+            let (current, rev) = match &counter {
+                Some(kv) => (
+                    kv.value.parse::<i64>().map_err(|_| {
+                        EtcdError::Refused(format!("the counter {ek} holds {:?}", kv.value))
+                    })?,
+                    kv.mod_revision,
+                ),
+                None => (0, 0),
+            };
+            // Granted only once the lease looks free, so a waiting
+            // contender's polls write nothing.
+            let lease_id = match *id {
+                Some(i) => i,
+                None => {
+                    let i = self.grant(ttl).await?;
+                    *id = Some(i);
+                    i
+                }
+            };
+            let epoch = current + 1;
+            let r = self
+                .txn(
+                    json!([
+                        {"key": b64(&lk), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
+                        {"key": b64(&ek), "target": "MOD", "result": "EQUAL", "mod_revision": rev.to_string()},
+                    ]),
+                    json!([
+                        {"request_put": {"key": b64(&lk), "value": b64(&lease_value(epoch, holder)), "lease": lease_id.to_string()}},
+                        {"request_put": {"key": b64(&ek), "value": b64(&epoch.to_string())}},
+                    ]),
+                    json!([range_op(&lk)]),
+                )
+                .await?;
+            if r.get("succeeded").and_then(Value::as_bool) == Some(true) {
+                self.grants.insert(name.to_string(), (epoch, lease_id));
+                return Ok(Some(epoch));
+            }
+            if !kvs(txn_part(&r, 0, "response_range")?)?.is_empty() {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The etcd lease behind our grant: remembered, or read from the key.
+    async fn grant_of(&mut self, name: &str, value: &str, epoch: i64) -> Res<Option<i64>> {
+        if let Some((e, id)) = self.grants.get(name) {
+            if *e == epoch {
+                return Ok(Some(*id));
+            }
+        }
+        let (lease, _) = self.read(name).await?;
+        Ok(lease.filter(|kv| kv.value == value).map(|kv| kv.lease))
+    }
+
+    async fn renew_inner(&mut self, name: &str, holder: &str, epoch: i64) -> Res<bool> {
+        let value = lease_value(epoch, holder);
+        let Some(id) = self.grant_of(name, &value, epoch).await? else {
+            return Ok(false);
+        };
+        let r = match self
+            .rpc("/v3/lease/keepalive", &json!({"ID": id.to_string()}))
+            .await
+        {
+            Err(e) if e.is_not_found() => return Ok(false),
+            r => r?,
+        };
+        if int(&r, "TTL") <= 0 {
+            self.grants.remove(name);
+            return Ok(false);
+        }
+        // The etcd lease lives; is the key on it still ours? (`leaderrun
+        // release` deletes the key and revokes the lease, but either step
+        // alone must also count as a loss.)
+        let (lease, _) = self.read(name).await?;
+        Ok(lease.is_some_and(|kv| kv.value == value && kv.lease == id))
+    }
+
+    async fn release_inner(
+        &mut self,
+        name: &str,
+        holder: &str,
+        epoch: i64,
+        keep: Duration,
+    ) -> Res<bool> {
+        let lk = lease_key(name);
+        let value = lease_value(epoch, holder);
+        let ours =
+            json!([{"key": b64(&lk), "target": "VALUE", "result": "EQUAL", "value": b64(&value)}]);
+        let old = self.grant_of(name, &value, epoch).await?;
+        self.grants.remove(name);
+        let Some(old) = old else { return Ok(false) };
+        if keep.is_zero() {
+            let r = self
+                .txn(
+                    ours,
+                    json!([{"request_delete_range": {"key": b64(&lk)}}]),
+                    json!([]),
+                )
+                .await?;
+            let done = r.get("succeeded").and_then(Value::as_bool) == Some(true);
+            if done {
+                let _ = self.revoke(old).await;
+            }
+            return Ok(done);
+        }
+        // `--min-hold`: etcd cannot shorten a lease, so the key moves to a
+        // new one of `keep` (whole seconds, rounded up) and ours is revoked.
+        let r = self
+            .rpc(
+                "/v3/lease/grant",
+                &json!({"TTL": ttl_secs(keep).to_string()}),
+            )
+            .await?;
+        let new = int(&r, "ID");
+        let r = self
+            .txn(
+                ours,
+                json!([{"request_put": {"key": b64(&lk), "value": b64(&value), "lease": new.to_string()}}]),
+                json!([]),
+            )
+            .await?;
+        let done = r.get("succeeded").and_then(Value::as_bool) == Some(true);
+        let _ = self.revoke(if done { old } else { new }).await;
+        Ok(done)
+    }
+
+    /// A `LeaseInfo` from the lease key and the counter.
+    async fn info(
+        &mut self,
+        name: &str,
+        lease: Option<Kv>,
+        counter: Option<Kv>,
+    ) -> Res<Option<LeaseInfo>> {
+        let counter = counter.and_then(|kv| kv.value.parse::<i64>().ok());
+        Ok(match lease {
+            Some(kv) => {
+                let (epoch, holder) = split_value(&kv.value).ok_or_else(|| {
+                    EtcdError::Refused(format!("{} holds {:?}", kv.key, kv.value))
+                })?;
+                let left = if kv.lease != 0 {
+                    self.ttl_left(kv.lease).await?
+                } else {
+                    i64::MAX / 1000 // a key put by hand, without a lease
+                };
+                Some(LeaseInfo {
+                    name: name.to_string(),
+                    holder: Some(holder.to_string()),
+                    epoch,
+                    // etcd reports the seconds left truncated: the lease
+                    // ends within (TTL, TTL + 1] s. Shown as the latest
+                    // end, so a key etcd still keeps never reads as expired
+                    // (TTL 0 means under a second, not gone; -1 is gone).
+                    expires_in_ms: left.saturating_add(1).saturating_mul(1000),
+                })
+            }
+            None => counter.map(|epoch| LeaseInfo {
+                name: name.to_string(),
+                holder: None,
+                epoch,
+                expires_in_ms: 0,
+            }),
+        })
+    }
+
+    async fn inspect_inner(&mut self, name: &str) -> Res<Option<LeaseInfo>> {
+        let (lease, counter) = self.read(name).await?;
+        self.info(name, lease, counter).await
+    }
+
+    async fn list_inner(&mut self) -> Res<Vec<LeaseInfo>> {
+        let r = self
+            .txn(
+                json!([]),
+                json!([prefix_op(LEASE_PREFIX), prefix_op(EPOCH_PREFIX)]),
+                json!([]),
+            )
+            .await?;
+        let mut leases: HashMap<String, Kv> = kvs(txn_part(&r, 0, "response_range")?)?
+            .into_iter()
+            .filter_map(|kv| Some((kv.key.strip_prefix(LEASE_PREFIX)?.to_string(), kv)))
+            .collect();
+        let mut counters: Vec<Kv> = kvs(txn_part(&r, 1, "response_range")?)?;
+        counters.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut out = Vec::new();
+        for c in counters {
+            let Some(name) = c.key.strip_prefix(EPOCH_PREFIX).map(str::to_string) else {
+                continue;
+            };
+            let lease = leases.remove(&name);
+            if let Some(i) = self.info(&name, lease, Some(c)).await? {
+                out.push(i);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn clear_inner(&mut self, name: &str, epoch: Option<i64>) -> Res<Option<LeaseInfo>> {
+        let (lease, counter) = self.read(name).await?;
+        let Some(kv) = lease else { return Ok(None) };
+        if let Some(e) = epoch {
+            if split_value(&kv.value).map(|(k, _)| k) != Some(e) {
+                return Ok(None);
+            }
+        }
+        let (lk, rev, id) = (lease_key(name), kv.mod_revision, kv.lease);
+        let was = self.info(name, Some(kv), counter).await?;
+        let r = self
+            .txn(
+                json!([{"key": b64(&lk), "target": "MOD", "result": "EQUAL", "mod_revision": rev.to_string()}]),
+                json!([{"request_delete_range": {"key": b64(&lk)}}]),
+                json!([]),
+            )
+            .await?;
+        if r.get("succeeded").and_then(Value::as_bool) != Some(true) {
+            return Ok(None);
+        }
+        // Revoked too, so the old holder's next keepalive fails at once.
+        if id != 0 {
+            let _ = self.revoke(id).await;
+        }
+        Ok(was)
+    }
+}
+
+/// Status, body and whether the connection may be reused. Handles
+/// `Content-Length` and chunked bodies (the gateway streams keepalive
+/// replies, with a trailer).
+async fn read_response(io: &mut BufReader<Box<dyn Io>>) -> std::io::Result<(u16, Vec<u8>, bool)> {
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+    let mut line = String::new();
+    if io.read_line(&mut line).await? == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "connection closed",
+        ));
+    }
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("not an HTTP reply"))?;
+    let (mut length, mut chunked, mut keep) = (None, false, true);
+    loop {
+        line.clear();
+        if io.read_line(&mut line).await? == 0 {
+            return Err(bad("reply ended in its headers"));
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            let (k, v) = (k.trim(), v.trim());
+            if k.eq_ignore_ascii_case("content-length") {
+                length = Some(v.parse::<usize>().map_err(|_| bad("bad Content-Length"))?);
+            } else if k.eq_ignore_ascii_case("transfer-encoding") {
+                chunked = v.to_ascii_lowercase().contains("chunked");
+            } else if k.eq_ignore_ascii_case("connection") {
+                keep = !v.eq_ignore_ascii_case("close");
+            }
+        }
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            io.read_line(&mut line).await?;
+            let size = line.trim_end().split(';').next().unwrap_or("");
+            let size = usize::from_str_radix(size.trim(), 16).map_err(|_| bad("bad chunk size"))?;
+            if size == 0 {
+                // Trailers, up to an empty line.
+                loop {
+                    line.clear();
+                    if io.read_line(&mut line).await? == 0 || line.trim_end().is_empty() {
+                        break;
+                    }
+                }
+                break;
+            }
+            if body.len() + size > MAX_BODY {
+                return Err(bad("reply too large"));
+            }
+            let start = body.len();
+            body.resize(start + size, 0);
+            io.read_exact(&mut body[start..]).await?;
+            let mut crlf = [0u8; 2];
+            io.read_exact(&mut crlf).await?;
+        }
+    } else if let Some(n) = length {
+        if n > MAX_BODY {
+            return Err(bad("reply too large"));
+        }
+        body.resize(n, 0);
+        io.read_exact(&mut body).await?;
+    } else {
+        // Neither: the body runs to the end of the connection.
+        io.take(MAX_BODY as u64).read_to_end(&mut body).await?;
+        keep = false;
+    }
+    Ok((status, body, keep))
+}
+
+impl Store for EtcdStore {
+    async fn acquire(
+        &mut self,
+        name: &str,
+        holder: &str,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let ttl = ttl_secs(lease);
+        let work = async { self.acquire_inner(name, holder, ttl).await };
+        let r = tokio::time::timeout(timeout, work).await;
+        self.settle(r, timeout, "cannot acquire in")
+    }
+
+    async fn renew(
+        &mut self,
+        name: &str,
+        holder: &str,
+        epoch: i64,
+        _lease: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        // The TTL was fixed at the grant; a keepalive restores it in full.
+        let r = tokio::time::timeout(timeout, self.renew_inner(name, holder, epoch)).await;
+        self.settle(r, timeout, "cannot renew in")
+    }
+
+    async fn release(
+        &mut self,
+        name: &str,
+        holder: &str,
+        epoch: i64,
+        keep: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let r = tokio::time::timeout(timeout, self.release_inner(name, holder, epoch, keep)).await;
+        self.settle(r, timeout, "cannot release in")
+    }
+
+    async fn inspect(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        let r = tokio::time::timeout(timeout, self.inspect_inner(name)).await;
+        self.settle(r, timeout, "cannot read")
+    }
+}
+
+impl EtcdStore {
+    fn settle<T>(
+        &mut self,
+        r: Result<Res<T>, tokio::time::error::Elapsed>,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<T, StoreError> {
+        match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.classify(what, e)),
+            Err(_) => {
+                // The abandoned request may still be in flight on the old
+                // connection (dropped with the future); start elsewhere.
+                self.next = (self.next + 1) % self.endpoints.len();
+                Err(StoreError::Unavailable(format!(
+                    "the store {} did not answer within {}",
+                    self.shown,
+                    humantime::format_duration(timeout)
+                )))
+            }
+        }
+    }
+}
+
+/// The registry's constructor for `etcd://` and `etcds://` (TLS). Nothing
+/// is connected until the first call.
+pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
+    Ok(Box::new(EtcdStore::new(t.url)?))
+}
+
+/// etcd grants whole seconds, and none shorter than its minimum TTL: 1.5 ×
+/// the election timeout, rounded up to a second, which is 2 s with the
+/// default 1 s election timeout. A cluster tuned slower grants more than
+/// asked; `grant` below refuses that at the first acquisition.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    granularity: Duration::from_secs(1),
+    min_lease: Duration::from_secs(2),
+    max_lease: MAX_STORED,
+    pushes_wakeups: false,
+};
+
+impl StoreAdmin for EtcdStore {
+    fn describe(&self) -> String {
+        self.shown.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    /// Nothing to create: keys appear on first use. Reaching the cluster
+    /// (and authenticating) is still checked, so `init` fails on a wrong
+    /// password.
+    async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
+        let r = tokio::time::timeout(timeout, async {
+            self.rpc("/v3/kv/range", &json!({"key": b64(EPOCH_PREFIX)}))
+                .await
+                .map(|_| Init::NothingToDo)
+        })
+        .await;
+        self.settle(r, timeout, "cannot use")
+    }
+
+    async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
+        let r = tokio::time::timeout(timeout, self.list_inner()).await;
+        self.settle(r, timeout, "cannot read")
+    }
+
+    async fn clear(
+        &mut self,
+        name: &str,
+        epoch: Option<i64>,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        let r = tokio::time::timeout(timeout, self.clear_inner(name, epoch)).await;
+        self.settle(r, timeout, "cannot release in")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(raw: &str) -> Result<ParsedUrl, String> {
+        let url = url::Url::parse(&fold_hosts(raw)).map_err(|e| e.to_string())?;
+        from_url(&url)
+    }
+
+    #[test]
+    fn host_lists_are_folded_into_parameters() {
+        assert_eq!(
+            fold_hosts("etcd://a:1,b,[::1]:3"),
+            "etcd://a:1/?endpoint=b&endpoint=[::1]:3"
+        );
+        assert_eq!(
+            fold_hosts("etcds://u:p,w@a:1,b:2/?cacert=/ca.pem"),
+            "etcds://u:p,w@a:1/?cacert=/ca.pem&endpoint=b:2"
+        );
+        // One host: untouched, commas in the password included.
+        for one in ["etcd://u:a,b@h:2379", "etcd://h", "etcd://h:1/?cacert=/x,y"] {
+            assert_eq!(fold_hosts(one), one);
+        }
+        // The url crate alone refuses a host list.
+        assert!(url::Url::parse("etcd://a:1,b:2").is_err());
+    }
+
+    #[test]
+    fn urls() {
+        let p = parsed("etcd://a:1,b,[::1]:3/").expect("parses");
+        assert!(!p.tls && p.user.is_none());
+        assert_eq!(
+            p.endpoints,
+            vec![
+                ("a".to_string(), 1),
+                ("b".to_string(), 2379),
+                ("::1".to_string(), 3)
+            ]
+        );
+        assert_eq!(p.shown, "etcd://a:1,b:2379,[::1]:3");
+        let p = parsed("etcds://u:p%40ss@h:2379?cacert=/tmp/ca.pem").expect("parses");
+        assert!(p.tls);
+        assert_eq!(p.user, Some(("u".to_string(), "p@ss".to_string())));
+        assert_eq!(p.ca_file, Some("/tmp/ca.pem".into()));
+        for bad in [
+            "etcd://",
+            "etcd://h:notaport",
+            "etcd://h?what=1",
+            "etcd://a:1,b:x",
+            "etcd://h/some/path",
+        ] {
+            assert!(parsed(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A password is never shown, with one host or many, whatever it holds
+    /// (commas and colons included, which the host list also uses).
+    #[test]
+    fn passwords_are_never_shown() {
+        for (raw, shown) in [
+            ("etcd://u:Hunter2x@h:1", "etcd://u:***@h:1"),
+            ("etcd://u:Hun,ter2x@a:1,b:2", "etcd://u:***@a:1,b:2"),
+            ("etcds://u:Hun:ter2x@a,b", "etcds://u:***@a:2379,b:2379"),
+            (
+                "etcd://u:Hunter2x@a:1,b:2?cacert=/ca.pem",
+                "etcd://u:***@a:1,b:2/?cacert=/ca.pem",
+            ),
+        ] {
+            let p = parsed(raw).expect(raw);
+            assert_eq!(p.shown, shown);
+        }
+        // Through the registry, as the binary opens it: an unusable host
+        // list is refused without the string.
+        for raw in ["etcd://u:Hunter2x@a:1,b:bad", "etcd://u:Hunter2x@a:1,"] {
+            let e = match crate::store::open(
+                Some((raw, crate::store::Origin::Flag)),
+                "t",
+                Duration::from_secs(1),
+            ) {
+                Ok(s) => panic!("{raw} opened as {}", s.describe()),
+                Err(e) => e.to_string(),
+            };
+            assert!(!e.contains("Hunter2x"), "{e}");
+            assert!(e.contains("--store"), "{e}");
+        }
+        let s = crate::store::open(
+            Some(("etcd://u:Hun,ter2x@a:1,b:2", crate::store::Origin::Flag)),
+            "t",
+            Duration::from_secs(1),
+        )
+        .expect("opens");
+        assert_eq!(s.describe(), "etcd://u:***@a:1,b:2");
+    }
+
+    #[test]
+    fn ttl_rounds_up_to_whole_seconds() {
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(ttl_secs(Duration::from_secs(15)), 15);
+        assert_eq!(ttl_secs(Duration::ZERO), 1);
+    }
+
+    #[test]
+    fn prefix_ranges() {
+        assert_eq!(prefix_end("leaderrun/epoch/"), "leaderrun/epoch0");
+        assert_eq!(split_value("12:host:1:x"), Some((12, "host:1:x")));
+        assert_eq!(split_value("x:host"), None);
+    }
+}

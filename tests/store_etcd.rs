@@ -1,0 +1,441 @@
+//! The etcd store's semantics against a real, throwaway etcd, and the
+//! `leaderrun` binary end to end on it. etcd grants whole seconds with a
+//! minimum of 2 s at its default election timeout, so leases here are 2–3 s.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use leaderrun::store::{open, AnyStore, Origin, Store, StoreAdmin, StoreError};
+use support::etcd::Etcd;
+use support::*;
+
+const L: Duration = Duration::from_secs(3);
+const T: Duration = Duration::from_secs(5);
+const ZERO: Duration = Duration::ZERO;
+
+/// Opened through the registry from the URL, as the binary does.
+fn store(url: &str) -> AnyStore {
+    match open(Some((url, Origin::Flag)), "leaderrun-test", T) {
+        Ok(s) => s,
+        Err(e) => panic!("cannot open {url}: {e}"),
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn racing_acquires_have_one_winner_at_the_next_epoch() {
+    let e = Etcd::start();
+    rt().block_on(async {
+        let mut stores: Vec<AnyStore> = (0..8).map(|_| store(&e.url())).collect();
+        for s in stores.iter_mut() {
+            s.inspect("warmup", T).await.unwrap(); // connect before the race
+        }
+        for round in 1..=5i64 {
+            let futs: Vec<_> = stores
+                .iter_mut()
+                .enumerate()
+                .map(|(i, s)| {
+                    Box::pin(
+                        async move { s.acquire("race", &format!("c{i}"), L, T).await.unwrap() },
+                    )
+                })
+                .collect();
+            let won: Vec<i64> = join_all(futs).await.into_iter().flatten().collect();
+            assert_eq!(won, vec![round], "round {round}: one winner, next epoch");
+            // Free it behind everyone's back; the counter must survive that.
+            e.ctl(&["del", "leaderrun/lease/race"]);
+        }
+        assert_eq!(e.get("leaderrun/epoch/race"), "5");
+    });
+}
+
+#[test]
+fn stale_renew_and_stale_release_are_refused() {
+    let e = Etcd::start();
+    rt().block_on(async {
+        let (mut a, mut b) = (store(&e.url()), store(&e.url()));
+        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
+        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), None);
+        assert!(!b.renew("n", "b", 1, L, T).await.unwrap(), "wrong holder");
+        assert!(!a.renew("n", "a", 2, L, T).await.unwrap(), "wrong epoch");
+        assert!(
+            !b.release("n", "a", 7, ZERO, T).await.unwrap(),
+            "wrong epoch"
+        );
+        assert!(
+            !b.release("n", "b", 1, ZERO, T).await.unwrap(),
+            "wrong holder"
+        );
+        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), None, "still held");
+        assert!(a.renew("n", "a", 1, L, T).await.unwrap());
+        // Another process (no remembered grant) can renew with the right
+        // holder and epoch too: the grant is read from the key.
+        assert!(store(&e.url()).renew("n", "a", 1, L, T).await.unwrap());
+        assert!(a.release("n", "a", 1, ZERO, T).await.unwrap());
+        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), Some(2));
+        assert!(!a.renew("n", "a", 1, L, T).await.unwrap());
+        assert!(!a.release("n", "a", 1, ZERO, T).await.unwrap());
+        let info = b.inspect("n", T).await.unwrap().expect("row");
+        assert_eq!((info.holder.as_deref(), info.epoch), (Some("b"), 2));
+        assert!(
+            info.expires_in_ms > 1000 && info.expires_in_ms <= 3000,
+            "{info:?}"
+        );
+    });
+}
+
+/// Expiry is etcd's: the key lives on an etcd lease, and etcd deletes it
+/// when the TTL runs out unless a keepalive came.
+#[test]
+fn expiry_frees_the_lease_by_the_servers_clock() {
+    let e = Etcd::start();
+    let short = Duration::from_secs(2);
+    rt().block_on(async {
+        let (mut a, mut b) = (store(&e.url()), store(&e.url()));
+        let t0 = Instant::now();
+        assert_eq!(a.acquire("n", "a", short, T).await.unwrap(), Some(1));
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        assert!(a.renew("n", "a", 1, short, T).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        // 2.6 s after acquiring: alive only thanks to the keepalive.
+        assert_eq!(b.acquire("n", "b", short, T).await.unwrap(), None);
+        let took = loop {
+            if let Some(ep) = b.acquire("n", "b", short, T).await.unwrap() {
+                assert_eq!(ep, 2);
+                break t0.elapsed();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(8), "never expired");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // Renewed at ~1.3 s with a 2 s TTL: free at ~3.3 s (etcd looks for
+        // expired leases every 500 ms), never before.
+        assert!(took >= Duration::from_millis(3200), "{took:?}");
+        assert!(!a.renew("n", "a", 1, short, T).await.unwrap(), "expired");
+        assert!(!a.release("n", "a", 1, ZERO, T).await.unwrap());
+    });
+}
+
+#[test]
+fn release_with_keep_holds_until_then() {
+    let e = Etcd::start();
+    rt().block_on(async {
+        let (mut a, mut b) = (store(&e.url()), store(&e.url()));
+        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
+        let t0 = Instant::now();
+        assert!(a
+            .release("n", "a", 1, Duration::from_secs(2), T)
+            .await
+            .unwrap());
+        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), None, "kept");
+        let info = b.inspect("n", T).await.unwrap().expect("row");
+        assert_eq!(info.holder.as_deref(), Some("a"));
+        assert!(
+            info.expires_in_ms > 0 && info.expires_in_ms <= 2000,
+            "{info:?}"
+        );
+        // The key moved to a lease of its own: the holder's was revoked.
+        assert_eq!(e.ctl(&["lease", "list"]).lines().count(), 2, "one lease");
+        loop {
+            if let Some(ep) = b.acquire("n", "b", L, T).await.unwrap() {
+                assert_eq!(ep, 2);
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(6), "kept too long");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            t0.elapsed() >= Duration::from_millis(1900),
+            "{:?}",
+            t0.elapsed()
+        );
+    });
+}
+
+/// The counter rises by exactly one per acquisition (a compare on its
+/// mod_revision in the acquiring transaction), not by etcd's revision.
+#[test]
+fn a_hundred_acquisitions_raise_the_epoch_by_one_each() {
+    let e = Etcd::start();
+    rt().block_on(async {
+        let mut a = store(&e.url());
+        for want in 1..=100i64 {
+            let h = format!("h{want}");
+            assert_eq!(a.acquire("e", &h, L, T).await.unwrap(), Some(want));
+            assert!(a.release("e", &h, want, ZERO, T).await.unwrap());
+        }
+    });
+    assert_eq!(e.get("leaderrun/epoch/e"), "100");
+    assert_eq!(e.ctl(&["lease", "list"]).lines().count(), 1, "all revoked");
+}
+
+#[test]
+fn list_and_clear() {
+    let e = Etcd::start();
+    rt().block_on(async {
+        let mut a = store(&e.url());
+        assert!(a.list(T).await.unwrap().is_empty());
+        assert_eq!(a.acquire("held", "a", L, T).await.unwrap(), Some(1));
+        assert_eq!(a.acquire("freed", "a", L, T).await.unwrap(), Some(1));
+        assert!(a.release("freed", "a", 1, ZERO, T).await.unwrap());
+        e.ctl(&["put", "unrelated", "x"]);
+        let seen: Vec<_> = a
+            .list(T)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| (i.name.clone(), i.holder.clone(), i.epoch, i.is_live()))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                ("freed".to_string(), None, 1, false),
+                ("held".to_string(), Some("a".to_string()), 1, true)
+            ]
+        );
+        assert_eq!(a.clear("held", Some(2), T).await.unwrap(), None, "epoch");
+        assert_eq!(a.clear("nothing", None, T).await.unwrap(), None);
+        assert_eq!(a.clear("freed", None, T).await.unwrap(), None, "free");
+        let was = a.clear("held", Some(1), T).await.unwrap().expect("cleared");
+        assert_eq!((was.holder.as_deref(), was.epoch), (Some("a"), 1));
+        assert!(was.expires_in_ms > 0, "{was:?}");
+        // Cleared means revoked too: the holder's keepalive fails at once.
+        assert!(!a.renew("held", "a", 1, L, T).await.unwrap(), "cleared");
+        assert_eq!(a.acquire("held", "b", L, T).await.unwrap(), Some(2));
+    });
+}
+
+#[test]
+fn names_that_look_like_injection_are_inert() {
+    let e = Etcd::start();
+    let evil = [
+        "*",
+        "{",
+        "}",
+        "a/../b",
+        "../epoch/x",
+        "x\",\"key\":\"eA==",
+        "\\",
+        "1:2",
+        "ü",
+    ];
+    rt().block_on(async {
+        let mut a = store(&e.url());
+        assert_eq!(a.acquire("plain", "p", L, T).await.unwrap(), Some(1));
+        for n in evil {
+            assert_eq!(a.acquire(n, "h:\" --", L, T).await.unwrap(), Some(1), "{n}");
+        }
+        for n in evil {
+            assert_eq!(a.acquire(n, "other", L, T).await.unwrap(), None, "{n}");
+        }
+        let names: Vec<String> = a
+            .list(T)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+        let mut want: Vec<String> = evil.iter().map(|s| s.to_string()).collect();
+        want.push("plain".into());
+        want.sort();
+        assert_eq!(names, want);
+        assert!(a.clear("*", None, T).await.unwrap().is_some());
+        for n in evil.iter().filter(|n| **n != "*").chain(["plain"].iter()) {
+            let i = a.inspect(n, T).await.unwrap().expect("row");
+            assert!(i.is_live(), "{n}: {i:?}");
+        }
+        let holder = a.inspect("a/../b", T).await.unwrap().expect("row").holder;
+        assert_eq!(holder.as_deref(), Some("h:\" --"));
+    });
+}
+
+/// etcd grants whole seconds and at least its minimum (2 s at the default
+/// election timeout): a lease it would lengthen is refused, not shortened
+/// behind the holder's back; a fraction is rounded up.
+#[test]
+fn a_lease_shorter_than_etcds_minimum_is_refused() {
+    let e = Etcd::start();
+    rt().block_on(async {
+        let mut a = store(&e.url());
+        let err = a
+            .acquire("n", "a", Duration::from_secs(1), T)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        assert!(err.to_string().contains("at least 2s"), "{err}");
+        assert!(a.inspect("n", T).await.unwrap().is_none(), "nothing taken");
+        assert_eq!(e.ctl(&["lease", "list"]).lines().count(), 1, "revoked");
+        // 1.5 s becomes 2 s on the server.
+        let ep = a.acquire("n", "a", Duration::from_millis(1500), T).await;
+        assert_eq!(ep.unwrap(), Some(1));
+        let ms = a.inspect("n", T).await.unwrap().expect("row").expires_in_ms;
+        // etcd reports whole seconds left, rounded down.
+        assert!((1000..=2000).contains(&ms), "{ms}");
+    });
+}
+
+#[test]
+fn dead_server_and_wrong_password_are_told_apart() {
+    let mut e = Etcd::start();
+    e.enable_auth("app", "app-pw");
+    rt().block_on(async {
+        let good = format!("etcd://app:app-pw@127.0.0.1:{}", e.port);
+        assert_eq!(store(&good).acquire("n", "a", L, T).await.unwrap(), Some(1));
+
+        let url = format!("etcd://app:Wr0ngSecret@127.0.0.1:{}", e.port);
+        let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        assert!(msg.contains("authentication failed"), "{msg}");
+        assert!(!msg.contains("Wr0ngSecret"), "password echoed: {msg}");
+        assert!(msg.contains("etcd://app:***@"), "{msg}");
+
+        let err = store(&e.url()).acquire("n", "a", L, T).await.unwrap_err();
+        assert!(matches!(err, StoreError::Fatal(_)), "no user: {err:?}");
+
+        // A user without a role for leaderrun's keys.
+        e.ctl(&["user", "add", "nobody:nobody-pw"]);
+        let url = format!("etcd://nobody:nobody-pw@127.0.0.1:{}", e.port);
+        let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
+        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        assert!(err.to_string().contains("permission denied"), "{err}");
+
+        let dead = format!("etcd://app:app-pw@127.0.0.1:{}", free_port());
+        let err = store(&dead).acquire("n", "a", L, T).await.unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    });
+}
+
+/// A blackholed call returns within its timeout; the next call goes to the
+/// next endpoint. A dead first endpoint is skipped at once.
+#[test]
+fn blackholed_call_returns_within_its_timeout_and_endpoints_fail_over() {
+    let e = Etcd::start();
+    let proxy = Proxy::start(e.port);
+    rt().block_on(async {
+        let url = format!("etcd://127.0.0.1:{},127.0.0.1:{}", proxy.port, e.port);
+        let mut a = store(&url);
+        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
+        proxy.blackhole();
+        let t0 = Instant::now();
+        let err = a
+            .renew("n", "a", 1, L, Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(
+            t0.elapsed() < Duration::from_millis(800),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert!(a.renew("n", "a", 1, L, T).await.unwrap(), "second endpoint");
+
+        let url = format!("etcd://127.0.0.1:{},127.0.0.1:{}", free_port(), e.port);
+        assert!(store(&url).renew("n", "a", 1, L, T).await.unwrap());
+    });
+    e.freeze(true);
+    rt().block_on(async {
+        let t0 = Instant::now();
+        let err = store(&e.url())
+            .acquire("m", "a", L, Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(
+            t0.elapsed() < Duration::from_millis(800),
+            "{:?}",
+            t0.elapsed()
+        );
+    });
+    e.freeze(false);
+}
+
+#[test]
+fn the_binary_runs_a_command_under_an_etcd_lease() {
+    let e = Etcd::start();
+    let dir = TempDir::new("etcd-e2e");
+    let url = e.url();
+    let lease = ["--lease", "3s"];
+    let out = dir.file("env");
+    let script = format!(
+        "echo \"$LEASE_EPOCH $LEASE_NAME\" > {}; exit 7",
+        out.display()
+    );
+    let res = run(lr(&url, "job", &lease, &script));
+    assert_eq!(res.code, Some(7), "{}", res.stderr);
+    assert_eq!(read(&out).trim(), "1 job");
+
+    let mut holder = spawn(
+        lr(&url, "job", &lease, &worker(&dir, "w")),
+        &dir.file("w.log"),
+    );
+    wait_file(&dir.file("w.pid"), Duration::from_secs(10));
+    assert_eq!(read(&dir.file("w.epoch")).trim(), "2");
+    let res = run(lr(
+        &url,
+        "job",
+        &["--lease", "3s", "--conflict-exit-code", "3", "-v"],
+        "echo should-not-run",
+    ));
+    assert_eq!(res.code, Some(3), "{}", res.stderr);
+    assert!(!res.stdout.contains("should-not-run"));
+    assert!(res.stderr.contains("held by"), "{}", res.stderr);
+
+    // Held across several renew intervals (1 s) by keepalives.
+    std::thread::sleep(Duration::from_millis(3500));
+    assert!(
+        alive(pid_in(&dir.file("w.pid"))),
+        "{}",
+        read(&dir.file("w.log"))
+    );
+
+    signal(holder.id(), nix::sys::signal::Signal::SIGTERM);
+    let st = wait_exit(&mut holder, Duration::from_secs(10));
+    assert_eq!(st.code(), Some(143), "{}", read(&dir.file("w.log")));
+    assert_eq!(e.get("leaderrun/lease/job"), "", "released");
+    let res = run(lr(&url, "job", &lease, &script));
+    assert_eq!(res.code, Some(7), "{}", res.stderr);
+    assert_eq!(read(&out).trim(), "3 job");
+
+    // A lease etcd cannot grant is refused before anything starts (the
+    // store's capabilities), said plainly.
+    let res = run(lr(&url, "short", &["--lease", "1s"], "true"));
+    assert_eq!(res.code, Some(2), "{}", res.stderr);
+    assert!(
+        res.stderr.contains("shortest lease this store grants (2s)"),
+        "{}",
+        res.stderr
+    );
+}
+
+/// `etcds://` verifies the server against the CA named by `cacert=`, and
+/// refuses a server it cannot verify (fatal: a certificate does not heal).
+#[test]
+fn tls_is_verified() {
+    let e = Etcd::start_with(true);
+    rt().block_on(async {
+        let mut a = store(&e.url());
+        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
+        assert!(a.renew("n", "a", 1, L, T).await.unwrap());
+        assert!(a.release("n", "a", 1, ZERO, T).await.unwrap());
+
+        let unverified = format!("etcds://127.0.0.1:{}", e.port);
+        let err = store(&unverified)
+            .acquire("n", "a", L, T)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        assert!(err.to_string().contains("certificate"), "{err}");
+
+        // Plain HTTP to the TLS port: etcd hangs up, nothing is taken.
+        let plain = format!("etcd://127.0.0.1:{}", e.port);
+        let err = store(&plain).acquire("n", "a", L, T).await.unwrap_err();
+        assert!(err.to_string().contains("connection"), "{err}");
+    });
+}
