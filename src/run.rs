@@ -348,6 +348,9 @@ pub async fn run(cfg: RunConfig) -> i32 {
         skip: watchdog.borrow().as_ref().map(Watchdog::pid),
         keep_hup_ignored: hup_ignored,
     };
+    if let Some(w) = watchdog.borrow_mut().as_mut() {
+        w.spawning(place.cgroup.as_ref());
+    }
     let mut child = match supervisor::spawn(&cfg.command, &env, place) {
         Ok(c) => c,
         Err(e) => {

@@ -63,15 +63,27 @@ impl Queue {
         }
     }
 
+    /// Wait until everything queued so far is written, or `limit` passed.
+    /// The marker itself may have to wait for room in the queue.
     fn flush(&self, limit: Duration) {
+        let t0 = std::time::Instant::now();
         let (done_tx, done_rx) = sync_channel(1);
-        let sent = match self.tx.lock() {
-            Ok(tx) => tx.try_send(Msg::Flush(done_tx)).is_ok(),
-            Err(_) => false,
-        };
-        if sent {
-            let _ = done_rx.recv_timeout(limit);
+        let mut msg = Msg::Flush(done_tx);
+        loop {
+            let res = match self.tx.lock() {
+                Ok(tx) => tx.try_send(msg),
+                Err(_) => return,
+            };
+            match res {
+                Ok(()) => break,
+                Err(TrySendError::Full(m)) if t0.elapsed() < limit => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(_) => return,
+            }
         }
+        let _ = done_rx.recv_timeout(limit.saturating_sub(t0.elapsed()));
     }
 }
 
@@ -217,6 +229,7 @@ mod tests {
             let _ = r.read_to_end(&mut all);
             all
         });
+        q.flush(Duration::from_secs(5));
         q.push(b"after\n".to_vec());
         q.flush(Duration::from_secs(5));
         drop(q);

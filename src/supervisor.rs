@@ -349,7 +349,7 @@ pub fn spawn(
     Ok(Child {
         pid,
         tree: Tree {
-            pgid: pid,
+            pgid: Some(pid),
             cgroup,
             root: Some(parent.as_raw()),
             skip: place.skip.map(Pid::as_raw),

@@ -236,7 +236,9 @@ impl Cgroup {
 /// leaderrun lives) every descendant of `root` but `skip` (the watchdog).
 #[derive(Debug, Clone)]
 pub struct Tree {
-    pub pgid: Pid,
+    /// The command's process group (unknown only when leaderrun died
+    /// between fork and telling the watchdog the pid).
+    pub pgid: Option<Pid>,
     pub cgroup: Option<Cgroup>,
     pub root: Option<i32>,
     pub skip: Option<i32>,
@@ -254,13 +256,14 @@ impl Tree {
     }
 
     fn signal_only(&self, sig: Signal) {
-        match killpg(self.pgid, sig) {
-            Ok(()) | Err(Errno::ESRCH) => {}
-            Err(e) => tracing::warn!(
-                event = "signal_failed",
-                "cannot send {sig} to process group {}: {e}",
-                self.pgid
-            ),
+        if let Some(pgid) = self.pgid {
+            match killpg(pgid, sig) {
+                Ok(()) | Err(Errno::ESRCH) => {}
+                Err(e) => tracing::warn!(
+                    event = "signal_failed",
+                    "cannot send {sig} to process group {pgid}: {e}"
+                ),
+            }
         }
         if let Some(cg) = &self.cgroup {
             cg.signal(sig);
@@ -274,7 +277,8 @@ impl Tree {
 
     /// Whether anything that must be stopped still runs.
     pub fn alive(&self) -> bool {
-        if self.cgroup.as_ref().is_some_and(Cgroup::populated) || group_alive(self.pgid) {
+        if self.cgroup.as_ref().is_some_and(Cgroup::populated) || self.pgid.is_some_and(group_alive)
+        {
             return true;
         }
         self.root

@@ -248,6 +248,15 @@ impl Watchdog {
         }
     }
 
+    /// The command is about to start (in `cgroup`, if any). Should leaderrun
+    /// die before it can say `child`, the watchdog then knows a command may
+    /// be running: it stops the cgroup, or, without one, leaves the lease to
+    /// expire rather than hand it back under a command it cannot see.
+    pub fn spawning(&mut self, cgroup: Option<&Cgroup>) {
+        let cg = cgroup.map_or_else(|| "-".into(), |c| c.path().display().to_string());
+        self.send(&format!("spawning {cg}\n"));
+    }
+
     /// The command started: what to stop.
     pub fn child(&mut self, pgid: Pid, cgroup: Option<&Cgroup>) {
         let cg = cgroup.map_or_else(|| "-".into(), |c| c.path().display().to_string());
@@ -280,6 +289,8 @@ impl Watchdog {
 struct State {
     o: Orders,
     tree: Option<Tree>,
+    /// `spawning` was said (with the cgroup the command starts in, if any).
+    spawning: Option<Option<Cgroup>>,
     /// Descendants of leaderrun seen at the last update (no cgroup only).
     seen: Vec<Proc>,
     stopping: bool,
@@ -357,7 +368,7 @@ impl State {
                 let cg = f.next().filter(|c| *c != "-").map(PathBuf::from);
                 if pgid > 0 {
                     self.tree = Some(Tree {
-                        pgid: Pid::from_raw(pgid),
+                        pgid: Some(Pid::from_raw(pgid)),
                         cgroup: cg.map(Cgroup::from_path),
                         root: Some(self.leaderrun),
                         skip: Some(self.me),
@@ -371,6 +382,10 @@ impl State {
                 }
                 self.look();
             }
+            Some("spawning") => {
+                let cg = f.next().filter(|c| *c != "-").map(PathBuf::from);
+                self.spawning = Some(cg.map(Cgroup::from_path));
+            }
             Some("stopping") => self.stopping = true,
             Some("done") => return true,
             _ => {}
@@ -382,6 +397,30 @@ impl State {
     /// hand the lease back.
     fn orphaned(&mut self) {
         let expires = self.o.deadline - self.o.give_up + self.o.lease;
+        if self.tree.is_none() {
+            match self.spawning.take() {
+                // Died before starting anything: nothing to stop.
+                None => {}
+                // Died between fork and `child`: the command's cgroup is
+                // all there is to find it by.
+                Some(Some(cg)) => {
+                    self.tree = Some(Tree {
+                        pgid: None,
+                        cgroup: Some(cg),
+                        root: None,
+                        skip: None,
+                    })
+                }
+                Some(None) => {
+                    tracing::warn!(
+                        event = "watchdog_release",
+                        epoch = self.o.epoch,
+                        "leaderrun died while starting the command; the lease is left to expire"
+                    );
+                    return;
+                }
+            }
+        }
         if let Some(tree) = &mut self.tree {
             // leaderrun's descendants have passed to init: the group, the
             // cgroup and the last look are what is left to find them by.
@@ -512,9 +551,11 @@ pub fn main() -> i32 {
         },
     );
     crate::logging::set_context(&o.name, &o.holder);
+    crate::logging::set_epoch(o.epoch);
     let mut st = State {
         o,
         tree: None,
+        spawning: None,
         seen: Vec::new(),
         stopping: false,
         termed: false,
