@@ -48,13 +48,20 @@ def lr(store, name, args, script, **kw):
                             start_new_session=True, **kw)
 
 
+RUN = iter(range(1_000_000))
+
+
+def pid_script(path):
+    """The command: ignore SIGTERM, write its pid atomically, sleep."""
+    return f"trap '' TERM; echo $$ > {path}.tmp && mv {path}.tmp {path}; exec sleep 1000"
+
+
 def frozen(d):
     store = f"sqlite://{d}/l.db"
     log = open(f"{d}/f.log", "w+")
-    p = lr(store, "f", ["--lease", "3s", "-vv"], f"trap '' TERM; echo $$ > {d}/f.pid; exec sleep 1000",
-           stderr=log)
+    # A new name each run: a lease lost to a freeze is not released.
+    p = lr(store, f"f{next(RUN)}", ["--lease", "3s", "-vv"], pid_script(f"{d}/f.pid"), stderr=log)
     cmd = pidfile(f"{d}/f.pid")
-    n = 0
     wait(lambda: open(f"{d}/f.log").read().count("renewed") > 0)
     # the renewal's log line is written right after its reply; its send was a moment before
     line = [l for l in open(f"{d}/f.log") if "renewed" in l][-1]
@@ -78,8 +85,7 @@ def blocked(d):
     except BlockingIOError:
         pass
     os.close(fill)
-    p = lr(store, "b", ["--lease", "3s", "-vv"], f"trap '' TERM; echo $$ > {d}/b.pid; exec sleep 1000",
-           stderr=w)
+    p = lr(store, f"b{next(RUN)}", ["--lease", "3s", "-vv"], pid_script(f"{d}/b.pid"), stderr=w)
     os.close(w)
     cmd = pidfile(f"{d}/b.pid")
     time.sleep(0.3)
@@ -98,9 +104,10 @@ def blocked(d):
 
 def takeover(d):
     store = f"sqlite://{d}/l.db"
-    a = lr(store, "t", [], f"echo $$ > {d}/a.pid; exec sleep 1000")
+    name = f"t{next(RUN)}"
+    a = lr(store, name, [], pid_script(f"{d}/a.pid"))
     pidfile(f"{d}/a.pid")
-    b = lr(store, "t", ["--wait", "--retry", "2s"], f"touch {d}/b.started; exec sleep 1000")
+    b = lr(store, name, ["--wait", "--retry", "2s"], f"touch {d}/b.started; exec sleep 1000")
     time.sleep(2.5)  # B has polled and found the lease held
     t0 = time.monotonic()
     os.kill(a.pid, signal.SIGKILL)
