@@ -344,7 +344,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
     }
     let place = supervisor::Placement {
         cgroup: Cgroup::create(&format!("leaderrun-{}", std::process::id())),
-        terminal: Terminal::foreground(),
+        terminal: Terminal::attached(),
         skip: watchdog.borrow().as_ref().map(Watchdog::pid),
         keep_hup_ignored: hup_ignored,
     };

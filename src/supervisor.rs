@@ -265,7 +265,11 @@ pub fn spawn(
     let parent = nix::unistd::getpid();
     let join = place.cgroup.as_ref().and_then(Cgroup::procs_for_join);
     let join_fd = join.as_ref().map_or(-1, |f| f.as_raw_fd());
-    let tty_fd = place.terminal.map_or(-1, |t| t.fd());
+    // The terminal is handed over only when leaderrun's job holds it.
+    let tty_fd = place
+        .terminal
+        .filter(Terminal::is_ours)
+        .map_or(-1, |t| t.fd());
     let keep_hup = place.keep_hup_ignored;
     // SAFETY: the closure runs between fork and exec in the child and calls
     // only async-signal-safe functions (write, prctl, getppid, getpid,
@@ -343,7 +347,7 @@ pub fn spawn(
             None
         }
     });
-    if let Some(t) = &place.terminal {
+    if let Some(t) = place.terminal.filter(Terminal::is_ours) {
         t.give(pid);
     }
     Ok(Child {
@@ -421,7 +425,7 @@ impl Child {
                     let from_tty =
                         matches!(sig, Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU);
                     if let (Some(t), true) = (&self.terminal, from_tty) {
-                        t.suspend_with(self.pid);
+                        t.suspend_with(self.pid, sig);
                     }
                 }
                 Ok(WaitStatus::Continued(pid)) if pid == self.pid => self.stopped = false,
@@ -436,7 +440,7 @@ impl Child {
             self.reap();
             if let Some(st) = self.exited {
                 if let Some(t) = &self.terminal {
-                    t.take_back();
+                    t.take_back(self.pid);
                 }
                 return st;
             }

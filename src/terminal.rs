@@ -15,8 +15,12 @@
 //! the watchdog stops the command at the give-up deadline as it would for
 //! any frozen leaderrun, and leaderrun, continued, finds the lease lost.
 //!
-//! Under cron, systemd or a pipe there is no terminal in the foreground and
-//! nothing here applies.
+//! Started in the background (`leaderrun … &`), the command stays in the
+//! background too; if it stops on a read from the terminal, leaderrun stops
+//! with it, and `fg` brings both to the foreground.
+//!
+//! Under cron, systemd or a pipe there is no terminal and nothing here
+//! applies.
 
 use std::os::fd::{BorrowedFd, RawFd};
 
@@ -36,19 +40,25 @@ fn borrow(fd: RawFd) -> BorrowedFd<'static> {
 }
 
 impl Terminal {
-    /// The terminal on stdin, stdout or stderr whose foreground job is
-    /// leaderrun's process group, if any.
-    pub fn foreground() -> Option<Terminal> {
+    /// leaderrun's controlling terminal, on stdin, stdout or stderr, if it
+    /// has one. leaderrun need not be its foreground job: started with `&`,
+    /// it is handed the terminal later, by `fg`.
+    pub fn attached() -> Option<Terminal> {
         let own = getpgrp();
         let fd = [0, 1, 2]
             .into_iter()
-            .find(|&fd| isatty(fd).unwrap_or(false) && tcgetpgrp(borrow(fd)).ok() == Some(own))?;
+            .find(|&fd| isatty(fd).unwrap_or(false) && tcgetpgrp(borrow(fd)).is_ok())?;
         // Once the command's group holds the terminal, leaderrun is in the
         // background: taking the terminal back must not stop it. The child
         // resets this to the default before exec.
         // SAFETY: setting a disposition to SIG_IGN runs no code of ours.
         let _ = unsafe { signal(Signal::SIGTTOU, SigHandler::SigIgn) };
         Some(Terminal { fd, own })
+    }
+
+    /// Whether leaderrun's job is the terminal's foreground job now.
+    pub fn is_ours(&self) -> bool {
+        tcgetpgrp(borrow(self.fd)).ok() == Some(self.own)
     }
 
     /// The descriptor the child uses to take the terminal itself (between
@@ -61,21 +71,31 @@ impl Terminal {
         let _ = tcsetpgrp(borrow(self.fd), pgid);
     }
 
-    pub fn take_back(&self) {
-        let _ = tcsetpgrp(borrow(self.fd), self.own);
+    /// Take the terminal back from `pgid`, if it has it.
+    pub fn take_back(&self, pgid: Pid) {
+        if tcgetpgrp(borrow(self.fd)).ok() == Some(pgid) {
+            let _ = tcsetpgrp(borrow(self.fd), self.own);
+        }
     }
 
-    /// The command's group was stopped from the terminal (Ctrl-Z, or a read
-    /// while in the background): stop leaderrun's own job too, and when it
-    /// is continued, continue the command, in the foreground if the shell
-    /// gave leaderrun the terminal (`fg`), in the background otherwise
-    /// (`bg`).
-    pub fn suspend_with(&self, pgid: Pid) {
-        self.take_back();
+    /// The command's group was stopped by the terminal (Ctrl-Z, or a read
+    /// or write while in the background): stop leaderrun's own job the same
+    /// way, so the shell sees the job stopped. When it is continued (`fg`
+    /// or `bg`), continue the command, with the terminal if the shell gave
+    /// it to leaderrun.
+    pub fn suspend_with(&self, pgid: Pid, sig: Signal) {
+        self.take_back(pgid);
+        // leaderrun ignores SIGTTOU (see `attached`): a stop on output is
+        // passed on as one on input.
+        let sig = if sig == Signal::SIGTTOU {
+            Signal::SIGTTIN
+        } else {
+            sig
+        };
         // Delivered before kill() returns: this process stops here and runs
         // on once continued.
-        let _ = killpg(self.own, Signal::SIGTSTP);
-        if tcgetpgrp(borrow(self.fd)).ok() == Some(self.own) {
+        let _ = killpg(self.own, sig);
+        if self.is_ours() {
             self.give(pgid);
         }
         let _ = killpg(pgid, Signal::SIGCONT);

@@ -69,3 +69,20 @@ fn ctrl_z_stops_the_job_and_fg_continues_it() {
     sh.line(r#"echo "rc=$?""#);
     sh.expect("rc=0", 5 * SEC);
 }
+
+#[test]
+fn started_in_the_background_a_read_stops_the_job_until_fg() {
+    let dir = TempDir::new("tty-bg");
+    let mut sh = shell(&dir);
+    sh.line(r#"$LR --name tty --lease 30s -- bash -c 'read a; echo "got:$a"' &"#);
+    // The command reads from the terminal in the background: the job stops
+    // as a whole, as it would without leaderrun, instead of hanging.
+    sh.line("sleep 1; jobs -l");
+    sh.expect("Stopped", 10 * SEC);
+    sh.line("fg");
+    std::thread::sleep(Duration::from_millis(300));
+    sh.line("typed");
+    sh.expect("got:typed", 5 * SEC);
+    sh.line(r#"echo "rc=$?""#);
+    sh.expect("rc=0", 5 * SEC);
+}
