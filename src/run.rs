@@ -479,7 +479,12 @@ pub async fn run(cfg: RunConfig) -> i32 {
             let released = gone && elector.release(&lease, None).await;
             report.borrow_mut().released();
             let successor = if released {
-                elector.sit_out(lease.epoch).await
+                // A signal (`systemctl stop`) ends the sit-out at once: the
+                // command is gone and the lease released already.
+                tokio::select! {
+                    s = elector.sit_out(lease.epoch) => s,
+                    Some(_) = signals.recv() => None,
+                }
             } else {
                 None
             };

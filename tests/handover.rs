@@ -103,6 +103,41 @@ fn wakeup_embedded() {
     wakeup(stores::sqlite());
 }
 
+/// `kill -9` of the holding leaderrun: its watchdog stops the command and
+/// releases, and that release wakes the waiter too (L = 15 s, P = 10 s: no
+/// expiry and no poll comes within the bound).
+fn watchdog_release(srv: Server) {
+    let dir = TempDir::new("wake-wd");
+    let mut a = spawn(
+        lr(&srv.url, "k", &[], &worker(&dir, "a")),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.pid"), 10 * SEC);
+    wait_until_some("the watchdog", 10 * SEC, || watchdog_of(a.id()));
+    let (b, blog) = waiter(&srv, &dir, "k", &[]);
+    let t0 = Instant::now();
+    signal(a.id(), nix::sys::signal::Signal::SIGKILL);
+    let _ = a.wait();
+    wait_file(&dir.file("b.pid"), 10 * SEC);
+    assert!(
+        t0.elapsed() < 2 * SEC,
+        "{:?}: {}",
+        t0.elapsed(),
+        read(&blog)
+    );
+    stop_both(a, b);
+}
+
+#[test]
+fn watchdog_release_wakes_the_waiter_postgres() {
+    watchdog_release(stores::postgres());
+}
+
+#[test]
+fn watchdog_release_wakes_the_waiter_embedded() {
+    watchdog_release(stores::sqlite());
+}
+
 /// `leaderrun release` (clear) publishes the wake-up too.
 #[test]
 fn admin_release_wakes_the_waiter() {

@@ -54,6 +54,9 @@ impl EtcdWakeups {
     }
 
     async fn start(&mut self, name: &str) -> Result<(), String> {
+        // A start abandoned by the elector's timer may have left its task
+        // behind, waiting on a watch nobody reads.
+        self.stop();
         if self.store.user.is_some() && self.store.token.is_none() {
             self.store.authenticate().await.map_err(|e| e.to_string())?;
         }

@@ -686,6 +686,23 @@ mod tests {
         }
     }
 
+    /// A store says it pushes wake-ups exactly when it hands out a
+    /// subscription: the docs' push column and the run form agree.
+    #[test]
+    fn stores_that_push_offer_a_subscription() {
+        for (raw, pushes) in [
+            ("postgres://u@h/db", true),
+            ("redis://h:6379/0", true),
+            ("etcd://h:2379", true),
+            ("sqlite:///tmp/x.db", true),
+            ("mysql://u@h/db", false),
+        ] {
+            let s = open(Some((raw, Origin::Flag)), "t", Duration::from_secs(1)).expect(raw);
+            assert_eq!(s.capabilities().pushes_wakeups, pushes, "{raw}");
+            assert_eq!(s.wakeups().is_some(), pushes, "{raw}");
+        }
+    }
+
     #[test]
     fn grant_rounds_up_and_refuses_what_it_cannot_honour() {
         let etcd_like = Capabilities {
