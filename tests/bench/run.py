@@ -360,6 +360,7 @@ def main():
         subprocess.run(["cargo", "build", "--release", "--bin", "leaderrun"], cwd=ROOT, check=True)
     stores = o.stores.split(",")
     tmp = tempfile.mkdtemp(prefix="leaderrun-bench-")
+    os.chmod(tmp, 0o755)  # postgres, run as its own user under root, must reach its directory
     load = open("/proc/loadavg").read().split()[:3]
     rows, mem, servers = [], [], []
     try:
