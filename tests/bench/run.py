@@ -437,7 +437,8 @@ of samples every 20 ms since the start (peak); VmHWM is the kernel's peak RSS.
         readme = os.path.join(ROOT, "README.md")
         text = open(readme).read()
         block = (f"<!-- bench:start (written by tests/bench/run.py) -->\n{head}\n\n"
-                 + "\n".join(main_table) + "\n\n" + "\n".join(start_table) + "\n<!-- bench:end -->")
+                 + "\n".join(main_table) + "\n\nStart to exit of `leaderrun … -- true` with the lease free, "
+                 "against `flock(1)` and `etcdctl lock`:\n\n" + "\n".join(start_table) + "\n<!-- bench:end -->")
         new = re.sub(r"<!-- bench:start.*?<!-- bench:end -->", lambda _: block, text, flags=re.S)
         if new != text:
             open(readme, "w").write(new)
