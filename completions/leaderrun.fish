@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_leaderrun_global_optspecs
-    string join \n s/store= v/verbose q/quiet log-format= n/name= lease= renew= give-up= kill-after= wait timeout= retry= min-hold= holder= conflict-exit-code= metrics-file= h/help V/version
+    string join \n s/store= v/verbose q/quiet log-format= n/name= lease= renew= give-up= kill-after= wait timeout= retry= min-hold= max-term= no-push holder= conflict-exit-code= metrics-file= h/help V/version
 end
 
 function __fish_leaderrun_needs_command
@@ -37,12 +37,14 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -l kill-after -d 'Grac
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l timeout -d 'With --wait: stop waiting after this long (exit 124)' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l retry -d 'How often a waiting contender tries, P [default: 2s]' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l min-hold -d 'Keep the lease at least this long after acquiring it' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l max-term -d 'Step down after leading this long: stop the command (as on a lost lease), release, wait until another contender leads (at most one lease length), exit 75' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l holder -d 'Holder id [default: <hostname>:<pid>:<random>]; must be unique per process' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l conflict-exit-code -d 'Exit status when the lease is held elsewhere' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l metrics-file -d 'Write Prometheus metrics to this file (atomically replaced)' -r -F
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s q -l quiet -d 'Only errors'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l wait -d 'Contend until leading (default: try once, skip if held)'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l no-push -d 'Wait by polling only, without the store\'s push wake-ups (for a Postgres behind PgBouncer in transaction mode, where LISTEN does not work)'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s V -l version -d 'Print version'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "status" -d 'Show holder, epoch and time to expiry (by the store\'s clock) of one lease or all'

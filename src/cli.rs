@@ -19,7 +19,8 @@ leaderrun [OPTIONS] --name <NAME> -- <COMMAND> [ARGS]...
 /// Text for the end of `--help` and for the man page.
 pub const AFTER_HELP: &str = "\
 Exit status (run form): the command's own; 128+N when it died of signal N (or leaderrun got
-signal N while waiting); 75 the lease was lost and the command stopped; 124 --timeout passed;
+signal N while waiting); 75 the lease was lost, or --max-term passed, and the command stopped;
+124 --timeout passed;
 125 leaderrun failed (store unreachable, wrong password, permission denied); 126 command (or
 its #! interpreter) not executable; 127 command (or its #! interpreter) not found; 2 usage
 error; --conflict-exit-code (default 0) when the lease is held elsewhere. 126 and 127 are
@@ -133,6 +134,16 @@ pub struct RunArgs {
     /// Keep the lease at least this long after acquiring it
     #[arg(long, value_name = "DUR", value_parser = duration)]
     pub min_hold: Option<Duration>,
+
+    /// Step down after leading this long: stop the command (as on a lost lease), release, wait
+    /// until another contender leads (at most one lease length), exit 75
+    #[arg(long, value_name = "DUR", value_parser = duration)]
+    pub max_term: Option<Duration>,
+
+    /// Wait by polling only, without the store's push wake-ups (for a Postgres behind PgBouncer
+    /// in transaction mode, where LISTEN does not work)
+    #[arg(long)]
+    pub no_push: bool,
 
     /// Holder id [default: <hostname>:<pid>:<random>]; must be unique per process
     #[arg(long, value_name = "ID", value_parser = parse_holder)]

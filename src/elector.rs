@@ -25,6 +25,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::clock::{Clock, Stamp};
+use crate::store::push::AnyWakeups;
 use crate::store::{LeaseInfo, Store, StoreError};
 use crate::timing::Timing;
 
@@ -104,7 +105,17 @@ pub struct Elector<S, C> {
     holder: String,
     timing: Timing,
     observer: Option<Box<dyn Observer>>,
+    /// Push wake-ups, when the store has them and they are not switched off.
+    wakeups: Option<AnyWakeups>,
+    /// The subscription is known broken (logged once per outage).
+    push_broken: bool,
 }
+
+/// Added to a lease's time to expiry when scheduling the next attempt for
+/// it: the stores report whole milliseconds (rounded), and a timer may fire
+/// a little early by the store's reckoning. Too early costs one more
+/// attempt; this keeps that rare.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(10);
 
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis() as u64)
@@ -119,6 +130,63 @@ impl<S: Store, C: Clock> Elector<S, C> {
             holder,
             timing,
             observer: None,
+            wakeups: None,
+            push_broken: false,
+        }
+    }
+
+    /// Wake up for a release instead of waiting for the next poll.
+    pub fn push(&mut self, w: AnyWakeups) {
+        self.wakeups = Some(w);
+    }
+
+    /// Subscribe before an attempt (src/store/push.rs); false when there is
+    /// no subscription to wait on, and the next wait is a plain poll. Bounded
+    /// like one call: a subscription that cannot be made must not hold up
+    /// the attempt it precedes.
+    async fn arm(&mut self) -> bool {
+        let Some(w) = self.wakeups.as_mut() else {
+            return false;
+        };
+        let budget = self.timing.call_cap().min(self.timing.retry);
+        let until = self.clock.now() + budget;
+        let res = tokio::select! {
+            biased;
+            _ = self.clock.sleep_until(until) => Err(StoreError::Unavailable(format!(
+                "no subscription within {}", humantime::format_duration(round_ms(budget))))),
+            r = w.arm(&self.name) => r,
+        };
+        match res {
+            Ok(()) => {
+                if self.push_broken {
+                    tracing::debug!(event = "push_restored", "push wake-ups work again");
+                    self.push_broken = false;
+                }
+                true
+            }
+            Err(e) => {
+                self.subscription_broke(&e);
+                false
+            }
+        }
+    }
+
+    fn subscription_broke(&mut self, e: &StoreError) {
+        if self.push_broken {
+            tracing::debug!(
+                event = "push_broken",
+                "push wake-ups still unavailable: {e}"
+            );
+        } else {
+            // Info, not a warning: nothing is lost but speed, polling
+            // carries on, and the subscription is rebuilt before every
+            // attempt.
+            tracing::info!(
+                event = "push_broken",
+                "push wake-ups unavailable ({e}); polling every {} until they work again",
+                humantime::format_duration(self.timing.retry)
+            );
+            self.push_broken = true;
         }
     }
 
@@ -164,7 +232,9 @@ impl<S: Store, C: Clock> Elector<S, C> {
     }
 
     /// Try once, or (with `wait`) every `P` until leading, `timeout`, an
-    /// interrupt or a fatal store error. Interrupts are looked at between
+    /// interrupt or a fatal store error; with push wake-ups also the moment
+    /// the lease is released, and in any case when the lease expires by the
+    /// store's clock, if that is before the next poll. Interrupts are looked at between
     /// attempts, never in the middle of one, so an acquisition the store has
     /// already granted is handed back rather than left to expire.
     pub async fn wait_for_lease<I>(
@@ -176,7 +246,17 @@ impl<S: Store, C: Clock> Elector<S, C> {
         let until = timeout.map(|t| self.clock.now() + t);
         let mut failing = false;
         let mut seen_held = false;
+        let mut first = true;
+        // Consecutive attempts made at a lease's expiry that still found it
+        // held (a store that deletes expired keys a little late): each one
+        // doubles the least wait, so such a store is not hammered.
+        let mut early = 0u32;
         loop {
+            // Subscribe before the attempt, so a release after it is seen.
+            // Not before the very first one: an uncontended start pays
+            // nothing, and a contended one subscribes and tries once more
+            // at once (below).
+            let armed = wait && !first && self.arm().await;
             let started = self.clock.now();
             let res = self.attempt(until).await;
             if let Ok(sig) = interrupt.try_recv() {
@@ -186,6 +266,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
                 }
                 return Waited::Interrupted(sig);
             }
+            let mut expires_at = None;
             match res {
                 Ok(Some(lease)) => return Waited::Acquired(lease),
                 Ok(None) if !wait => {
@@ -194,10 +275,23 @@ impl<S: Store, C: Clock> Elector<S, C> {
                         .await;
                     return Waited::Held(info);
                 }
+                Ok(None) if first && self.wakeups.is_some() => {
+                    first = false;
+                    continue;
+                }
                 Ok(None) => {
                     let log_it = !seen_held && tracing::enabled!(tracing::Level::INFO);
-                    let wanted = self.observer.as_ref().is_some_and(|o| o.wants_holder());
-                    let held = self.who_holds(log_it || wanted).await;
+                    // Always asked: when the lease expires decides when the
+                    // next attempt goes out.
+                    let held = self.who_holds(true).await;
+                    if let Some(info) = held.as_ref().filter(|i| i.holder.is_some()) {
+                        // The store's own count of the time left, added to
+                        // our clock after the answer arrived: the answer
+                        // took time to come back, so this is no earlier
+                        // than the store's expiry.
+                        let left = Duration::from_millis(info.expires_in_ms.max(0) as u64);
+                        expires_at = Some(self.clock.now() + left + EXPIRY_MARGIN);
+                    }
                     if log_it {
                         seen_held = true;
                         if let Some(info) = &held {
@@ -230,17 +324,51 @@ impl<S: Store, C: Clock> Elector<S, C> {
                     }
                 }
             }
+            first = false;
+            // The next attempt: at the next poll, or when the lease expires
+            // by the store's clock if that is sooner (no polling tax on a
+            // holder that died or froze), or on a wake-up, whichever comes
+            // first.
             let mut next = started + self.timing.retry;
+            match expires_at {
+                Some(at) if at < next => {
+                    let least = EXPIRY_MARGIN * 2u32.saturating_pow(early.min(16));
+                    next = next.min(at.max(self.clock.now() + least));
+                    early += 1;
+                }
+                _ => early = 0,
+            }
             if let Some(u) = until {
                 if self.clock.now() >= u {
                     return Waited::TimedOut;
                 }
                 next = next.min(u);
             }
-            tokio::select! {
-                biased;
-                sig = interrupt.recv() => if let Some(sig) = sig { return Waited::Interrupted(sig) },
-                _ = self.clock.sleep_until(next) => {}
+            let mut armed = armed;
+            loop {
+                tokio::select! {
+                    biased;
+                    sig = interrupt.recv() => if let Some(sig) = sig { return Waited::Interrupted(sig) },
+                    _ = self.clock.sleep_until(next) => break,
+                    r = async {
+                        match self.wakeups.as_mut() {
+                            Some(w) => w.wake(&self.name).await,
+                            None => std::future::pending().await,
+                        }
+                    }, if armed => match r {
+                        Ok(()) => {
+                            tracing::debug!(event = "woken", "the lease was released; trying now");
+                            early = 0;
+                            break;
+                        }
+                        Err(e) => {
+                            // Polling carries on; the next attempt
+                            // subscribes again.
+                            self.subscription_broke(&e);
+                            armed = false;
+                        }
+                    },
+                }
             }
             if until.is_some_and(|u| self.clock.now() >= u) {
                 return Waited::TimedOut;
@@ -325,6 +453,35 @@ impl<S: Store, C: Clock> Elector<S, C> {
                     failures += 1;
                 }
             }
+        }
+    }
+
+    /// After stepping down (`--max-term`): wait until another contender
+    /// leads, so that leaderrun's exit (and a supervisor restarting it as a
+    /// standby at once) cannot race the rival for the lease it just freed.
+    /// Bounded by one lease length: a rival that waits polls at least that
+    /// often in any sane setup, and with no rival at all the lease stays free
+    /// for the next run to take. The new holder, if any.
+    pub async fn sit_out(&mut self, epoch: i64) -> Option<String> {
+        let until = self.clock.now() + self.timing.lease;
+        let step = self.timing.retry.min(Duration::from_millis(50));
+        loop {
+            let now = self.clock.now();
+            if now >= until {
+                return None;
+            }
+            let budget = (until - now).min(self.timing.call_cap());
+            let seen = tokio::select! {
+                biased;
+                _ = self.clock.sleep_until(now + budget) => None,
+                r = self.store.inspect(&self.name, budget) => r.ok().flatten(),
+            };
+            if let Some(info) = seen.filter(|i| i.is_live() && i.epoch > epoch) {
+                return info.holder;
+            }
+            self.clock
+                .sleep_until((self.clock.now() + step).min(until))
+                .await;
         }
     }
 

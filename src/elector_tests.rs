@@ -34,6 +34,8 @@ type Step<T> = (Duration, Option<Result<T, StoreError>>);
 struct Script {
     acquire: VecDeque<Step<Option<i64>>>,
     renew: VecDeque<Step<bool>>,
+    /// What `inspect` answers (None: no such lease).
+    held: Option<LeaseInfo>,
     /// (what, when) for every call that reached the store.
     calls: Vec<(&'static str, Stamp)>,
 }
@@ -110,7 +112,7 @@ impl Store for Fake {
         Ok(true)
     }
     async fn inspect(&mut self, _: &str, _: Duration) -> Result<Option<LeaseInfo>, StoreError> {
-        Ok(None)
+        Ok(self.s.borrow().held.clone())
     }
 }
 
@@ -331,5 +333,140 @@ async fn min_hold_keeps_only_the_remainder() {
     assert!(
         !e.release(&lease, Some(ms(1000))).await,
         "released an expired lease"
+    );
+}
+
+fn held_for(ms_left: i64) -> Option<LeaseInfo> {
+    Some(LeaseInfo {
+        name: "n".into(),
+        holder: Some("other".into()),
+        epoch: 1,
+        expires_in_ms: ms_left,
+    })
+}
+
+/// L = 3 s as above, but P = 10 s: anything that happens well before 10 s
+/// is not the poll.
+fn slow_poll() -> Timing {
+    Timing::resolve(TimingArgs {
+        lease: Some(ms(3000)),
+        retry: Some(ms(10_000)),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_lease_is_tried_again_when_it_expires_not_at_the_next_poll() {
+    let mut script = Script {
+        held: held_for(700),
+        ..Default::default()
+    };
+    script.acquire.push_back((ms(0), Some(Ok(None))));
+    script.acquire.push_back((ms(0), Some(Ok(Some(2)))));
+    let (mut e, fake) = elector(script);
+    e.timing = slow_poll();
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let w = e.wait_for_lease(true, None, &mut rx).await;
+    assert!(matches!(w, Waited::Acquired(_)), "{w:?}");
+    assert_eq!(fake.calls("acquire"), vec![ms(0), ms(700) + EXPIRY_MARGIN]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_expired_but_still_held_is_not_hammered() {
+    // A store that deletes expired keys late: the time left reads 0 while
+    // the attempts keep failing. The least wait doubles each time.
+    let script = Script {
+        held: held_for(0),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    e.timing = slow_poll();
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let w = e.wait_for_lease(true, Some(ms(700)), &mut rx).await;
+    assert!(matches!(w, Waited::TimedOut), "{w:?}");
+    let calls = fake.calls("acquire");
+    assert!(calls.len() <= 8, "{calls:?}");
+    let gaps: Vec<Duration> = calls.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps.windows(2).all(|g| g[1] >= g[0] * 2), "{gaps:?}");
+}
+
+/// Wake-ups scripted on the paused clock: each `arm` counts, each `wake`
+/// answers after its delay (an `Err` is a broken subscription).
+type WakeStep = (Duration, Result<(), StoreError>);
+
+#[derive(Clone, Default)]
+struct FakeWake {
+    wakes: Rc<RefCell<VecDeque<WakeStep>>>,
+    arms: Rc<RefCell<u32>>,
+}
+
+impl crate::store::push::Wakeups for FakeWake {
+    fn arm<'a>(&'a mut self, _: &'a str) -> crate::store::push::Fut<'a, ()> {
+        *self.arms.borrow_mut() += 1;
+        Box::pin(async { Ok(()) })
+    }
+    fn wake<'a>(&'a mut self, _: &'a str) -> crate::store::push::Fut<'a, ()> {
+        let next = self.wakes.borrow_mut().pop_front();
+        Box::pin(async move {
+            match next {
+                Some((d, r)) => {
+                    tokio::time::sleep(d).await;
+                    r
+                }
+                None => std::future::pending().await,
+            }
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_up_brings_the_next_attempt_forward() {
+    let mut script = Script {
+        held: held_for(60_000),
+        ..Default::default()
+    };
+    script.acquire.push_back((ms(0), Some(Ok(None))));
+    script.acquire.push_back((ms(0), Some(Ok(None))));
+    script.acquire.push_back((ms(0), Some(Ok(Some(2)))));
+    let (mut e, fake) = elector(script);
+    e.timing = slow_poll();
+    let wake = FakeWake::default();
+    wake.wakes.borrow_mut().push_back((ms(300), Ok(())));
+    e.push(Box::new(wake.clone()));
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let w = e.wait_for_lease(true, None, &mut rx).await;
+    assert!(matches!(w, Waited::Acquired(_)), "{w:?}");
+    // The first attempt found it held: subscribe, try again at once, then
+    // wait for the wake-up.
+    assert_eq!(fake.calls("acquire"), vec![ms(0), ms(0), ms(300)]);
+    assert_eq!(
+        *wake.arms.borrow(),
+        2,
+        "subscribed before each attempt after the first"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_broken_subscription_falls_back_to_polling() {
+    let script = Script {
+        held: held_for(60_000),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    e.timing = slow_poll();
+    let wake = FakeWake::default();
+    wake.wakes
+        .borrow_mut()
+        .push_back((ms(100), Err(StoreError::Unavailable("gone".into()))));
+    e.push(Box::new(wake.clone()));
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let w = e.wait_for_lease(true, Some(ms(25_000)), &mut rx).await;
+    assert!(matches!(w, Waited::TimedOut), "{w:?}");
+    // Broken at 0.1 s: no attempt until the poll at 10 s, and the poll
+    // continues at P after that.
+    assert_eq!(
+        fake.calls("acquire"),
+        vec![ms(0), ms(0), ms(10_000), ms(20_000)]
     );
 }

@@ -33,6 +33,9 @@ pub struct RunConfig {
     pub wait: bool,
     pub timeout: Option<Duration>,
     pub min_hold: Option<Duration>,
+    pub max_term: Option<Duration>,
+    /// Use the store's push wake-ups while waiting (not `--no-push`).
+    pub push: bool,
     pub conflict_exit_code: i32,
     pub command: Vec<OsString>,
     pub metrics_file: Option<std::path::PathBuf>,
@@ -99,6 +102,16 @@ impl RunConfig {
                 )
             })?
         };
+        if let Some(m) = run.max_term {
+            if m.is_zero() {
+                return Err("--max-term must be longer than 0".into());
+            }
+            // Stepping down releases at once; a keep that outlasts the term
+            // would hold the lease against the very rival it steps down for.
+            if run.min_hold.is_some_and(|h| h >= m) {
+                return Err("--min-hold must be shorter than --max-term".into());
+            }
+        }
         if run.command.first().is_none_or(|c| c.is_empty()) {
             return Err("the command after -- must not be empty".into());
         }
@@ -117,6 +130,8 @@ impl RunConfig {
             wait: run.wait,
             timeout: run.timeout,
             min_hold: run.min_hold,
+            max_term: run.max_term,
+            push: !run.no_push,
             conflict_exit_code: i32::from(run.conflict_exit_code),
             command: run.command,
             metrics_file: run.metrics_file,
@@ -176,6 +191,8 @@ pub fn main_entry() -> i32 {
 enum End {
     Exited(ExitStatus),
     Lost(Lost),
+    /// `--max-term` passed.
+    Stepped,
 }
 
 /// Renewals reach the status reporter and, once there is one, the
@@ -233,7 +250,11 @@ pub async fn run(cfg: RunConfig) -> i32 {
         cfg.store.describe(),
         cfg.holder
     );
+    let wakeups = if cfg.push { cfg.store.wakeups() } else { None };
     let mut elector = Elector::new(cfg.store, clock, cfg.name, cfg.holder.clone(), t);
+    if let Some(w) = wakeups {
+        elector.push(w);
+    }
     let report = Reporter::new(&name, cfg.metrics_file.clone()).shared();
     let watchdog: Rc<RefCell<Option<Watchdog>>> = Rc::default();
     elector.observe(Box::new(Observers {
@@ -365,6 +386,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
     }
     tracing::debug!(event = "started", pid = child.pid(), "started the command");
 
+    let step_down = cfg.max_term.map(|m| lease.acquired_at + m);
     let end = {
         let hold = elector.hold(&mut lease);
         tokio::pin!(hold);
@@ -372,6 +394,12 @@ pub async fn run(cfg: RunConfig) -> i32 {
             tokio::select! {
                 biased;
                 lost = &mut hold => break End::Lost(lost),
+                _ = async {
+                    match step_down {
+                        Some(at) => clock.sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => break End::Stepped,
                 st = child.wait() => break End::Exited(st),
                 Some(sig) = signals.recv() => {
                     tracing::info!(event = "signal", "passing {sig} to the command's process group");
@@ -431,6 +459,58 @@ pub async fn run(cfg: RunConfig) -> i32 {
             // No release: after a loss the lease is either someone else's
             // or ours only until it expires, at most L - G - K from now, and a
             // store we could not renew with would only delay the exit.
+            exit::LOST
+        }
+        End::Stepped => {
+            let term = cfg.max_term.unwrap_or_default();
+            tracing::info!(
+                event = "max_term",
+                epoch = lease.epoch,
+                "led {name} for --max-term ({}); stopping the command to hand over",
+                humantime::format_duration(term)
+            );
+            if let Some(w) = watchdog.borrow_mut().as_mut() {
+                w.stopping();
+            }
+            // The stop path of a loss, with the deadlines of the lease we
+            // still hold: renewals stop here, so SIGKILL comes no later than
+            // the last renewal's G + K, before the lease could pass on.
+            let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
+            let (st, gone) = child.stop(&clock, kill_at, &mut signals).await;
+            child.cleanup();
+            finish(&watchdog);
+            let released = gone && elector.release(&lease, None).await;
+            report.borrow_mut().released();
+            let successor = if released {
+                // A signal (`systemctl stop`) ends the sit-out at once: the
+                // command is gone and the lease released already.
+                tokio::select! {
+                    s = elector.sit_out(lease.epoch) => s,
+                    Some(_) = signals.recv() => None,
+                }
+            } else {
+                None
+            };
+            match successor {
+                Some(h) => tracing::info!(
+                    event = "stepped_down",
+                    epoch = lease.epoch,
+                    "command stopped (status {}); {} leads {name} now; exiting 75",
+                    status_code(st),
+                    crate::names::printable(&h)
+                ),
+                None => tracing::info!(
+                    event = "stepped_down",
+                    epoch = lease.epoch,
+                    "command stopped (status {}); no one else took {name} over; exiting 75",
+                    status_code(st)
+                ),
+            }
+            // 75, as for a loss: in both cases leaderrun stopped a command
+            // that was still running because this process should no longer
+            // lead, and the caller should try again later (EX_TEMPFAIL); a
+            // unit or script written for 75 needs nothing new. The log
+            // events (max_term, stepped_down) tell the two apart.
             exit::LOST
         }
     }

@@ -39,10 +39,10 @@
 //! endpoint. Every request is linearizable (no `serializable` reads), so any
 //! member answers with the quorum's view.
 //!
-//! Push wake-ups (issue 10): a `Watch` on `leaderrun/lease/NAME` from the
-//! revision after a failed attempt fires on delete, whether by release,
-//! revocation or expiry. The gateway streams it as `/v3/watch`, one JSON
-//! object per event, on a connection of its own; nothing here would change.
+//! Push wake-ups: a `Watch` on `leaderrun/lease/NAME`, made before each
+//! attempt, fires on delete, whether by release, revocation or expiry. The
+//! gateway streams it as `/v3/watch`, one JSON object per event, on a
+//! connection of its own (src/store/etcd_watch.rs).
 //!
 //! The connection is taken out of `self` for a call and put back only on
 //! success, so a call abandoned by the elector's timer leaves nothing
@@ -63,6 +63,9 @@ use super::sql::{check_params, millis};
 use super::{
     AnyStore, Capabilities, Init, LeaseInfo, Store, StoreAdmin, StoreError, Target, MAX_STORED,
 };
+
+#[path = "etcd_watch.rs"]
+mod watch;
 
 const LEASE_PREFIX: &str = "leaderrun/lease/";
 const EPOCH_PREFIX: &str = "leaderrun/epoch/";
@@ -376,6 +379,23 @@ impl EtcdStore {
             shown: p.shown,
             grants: HashMap::new(),
         })
+    }
+
+    /// The same cluster and credentials, with no connection or token of
+    /// its own yet: for a watch, which must not share the call connection.
+    fn fresh(&self) -> EtcdStore {
+        EtcdStore {
+            endpoints: self.endpoints.clone(),
+            tls: self.tls,
+            ca_file: self.ca_file.clone(),
+            connector: self.connector.clone(),
+            user: self.user.clone(),
+            token: None,
+            conn: None,
+            next: self.next,
+            shown: self.shown.clone(),
+            grants: HashMap::new(),
+        }
     }
 
     fn classify(&self, what: &str, e: EtcdError) -> StoreError {
@@ -1061,7 +1081,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     granularity: Duration::from_secs(1),
     min_lease: Duration::from_secs(2),
     max_lease: MAX_STORED,
-    pushes_wakeups: false,
+    pushes_wakeups: true,
 };
 
 impl StoreAdmin for EtcdStore {
@@ -1071,6 +1091,10 @@ impl StoreAdmin for EtcdStore {
 
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
+    }
+
+    fn wakeups(&self) -> Option<super::push::AnyWakeups> {
+        Some(Box::new(watch::EtcdWakeups::new(self.fresh())))
     }
 
     /// Nothing to create: keys appear on first use. Reaching the cluster

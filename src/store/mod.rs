@@ -45,6 +45,7 @@
 pub mod etcd;
 pub mod mysql;
 pub mod postgres;
+pub mod push;
 pub mod redis;
 mod sql;
 pub mod sqlite;
@@ -238,6 +239,13 @@ pub trait StoreAdmin: Store {
 
     fn capabilities(&self) -> Capabilities;
 
+    /// A subscription to "this lease was freed" on a connection of its own
+    /// (src/store/push.rs), for stores whose capabilities say they push
+    /// wake-ups; `None` elsewhere. Connects to nothing until armed.
+    fn wakeups(&self) -> Option<push::AnyWakeups> {
+        None
+    }
+
     /// The table's SQL, for stores that keep one.
     fn schema(&self) -> Option<Schema> {
         None
@@ -298,6 +306,7 @@ pub trait DynStore {
     fn inspect_dyn<'a>(&'a mut self, n: &'a str, t: Duration) -> Fut<'a, Option<LeaseInfo>>;
     fn describe_dyn(&self) -> String;
     fn capabilities_dyn(&self) -> Capabilities;
+    fn wakeups_dyn(&self) -> Option<push::AnyWakeups>;
     fn schema_dyn(&self) -> Option<Schema>;
     fn init_dyn(&mut self, t: Duration) -> Fut<'_, Init>;
     fn list_dyn(&mut self, t: Duration) -> Fut<'_, Vec<LeaseInfo>>;
@@ -347,6 +356,9 @@ impl<S: StoreAdmin> DynStore for S {
     }
     fn capabilities_dyn(&self) -> Capabilities {
         self.capabilities()
+    }
+    fn wakeups_dyn(&self) -> Option<push::AnyWakeups> {
+        self.wakeups()
     }
     fn schema_dyn(&self) -> Option<Schema> {
         self.schema()
@@ -411,6 +423,9 @@ impl StoreAdmin for AnyStore {
     }
     fn capabilities(&self) -> Capabilities {
         self.as_ref().capabilities_dyn()
+    }
+    fn wakeups(&self) -> Option<push::AnyWakeups> {
+        self.as_ref().wakeups_dyn()
     }
     fn schema(&self) -> Option<Schema> {
         self.as_ref().schema_dyn()
@@ -668,6 +683,23 @@ mod tests {
         ] {
             let s = open(Some((raw, Origin::Flag)), "t", Duration::from_secs(1)).expect(raw);
             assert_eq!(s.describe(), shown);
+        }
+    }
+
+    /// A store says it pushes wake-ups exactly when it hands out a
+    /// subscription: the docs' push column and the run form agree.
+    #[test]
+    fn stores_that_push_offer_a_subscription() {
+        for (raw, pushes) in [
+            ("postgres://u@h/db", true),
+            ("redis://h:6379/0", true),
+            ("etcd://h:2379", true),
+            ("sqlite:///tmp/x.db", true),
+            ("mysql://u@h/db", false),
+        ] {
+            let s = open(Some((raw, Origin::Flag)), "t", Duration::from_secs(1)).expect(raw);
+            assert_eq!(s.capabilities().pushes_wakeups, pushes, "{raw}");
+            assert_eq!(s.wakeups().is_some(), pushes, "{raw}");
         }
     }
 

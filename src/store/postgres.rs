@@ -25,6 +25,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection};
 
+use super::push::{AnyWakeups, PgWakeups};
 use super::sql::{self, lease_info, millis, Dialect, Session};
 use super::{
     AnyStore, Capabilities, Init, LeaseInfo, Schema, Store, StoreAdmin, StoreError, Target,
@@ -59,11 +60,17 @@ const RENEW_SQL: &str = "UPDATE leader_lease
 
 // With keep > 0 the holder stays and the lease runs `keep` more from now
 // (`--min-hold`); with keep = 0 the lease is free at once. The epoch is
-// untouched either way: the next acquisition raises it.
-const RELEASE_SQL: &str = "UPDATE leader_lease
+// untouched either way: the next acquisition raises it. A lease freed here
+// notifies waiters (src/store/push.rs) in the same statement, so the
+// NOTIFY is delivered at the commit that frees the lease, never before it
+// and never without it. The first column is the number of rows released.
+const RELEASE_SQL: &str = "WITH r AS (UPDATE leader_lease
         SET holder = CASE WHEN $4::bigint > 0 THEN holder END,
             expires_at = now() + make_interval(secs => $4::float8 / 1000)
-      WHERE name = $1 AND holder = $2 AND epoch = $3";
+      WHERE name = $1 AND holder = $2 AND epoch = $3
+     RETURNING name, holder),
+     n AS (SELECT pg_notify('leaderrun_released', name) FROM r WHERE holder IS NULL)
+     SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM n)";
 
 /// What `LeaseInfo` is read from (see `sql::lease_info`). The remaining time
 /// is clamped to ±10 years, so a row holding `infinity` (written by hand)
@@ -80,12 +87,15 @@ const INSPECT_SQL: &str = concat!("SELECT ", columns!(), " FROM leader_lease WHE
 const LIST_SQL: &str = concat!("SELECT ", columns!(), " FROM leader_lease ORDER BY name");
 
 // The row is locked and read as it was, then cleared; `epoch` is untouched.
-const CLEAR_SQL: &str = "UPDATE leader_lease l SET holder = NULL, expires_at = now()
+// Waiters are notified in the same statement (see RELEASE_SQL).
+const CLEAR_SQL: &str = "WITH c AS (UPDATE leader_lease l SET holder = NULL, expires_at = now()
        FROM (SELECT name, holder, expires_at FROM leader_lease WHERE name = $1 FOR UPDATE) old
       WHERE l.name = old.name AND l.holder IS NOT NULL AND ($2::bigint IS NULL OR l.epoch = $2)
      RETURNING l.name, old.holder, l.epoch,
         (extract(epoch FROM (least(greatest(old.expires_at, now() - interval '10 years'),
-                                   now() + interval '10 years') - now())) * 1000)::bigint";
+                                   now() + interval '10 years') - now())) * 1000)::bigint AS left_ms),
+     n AS (SELECT pg_notify('leaderrun_released', name) FROM c)
+     SELECT c.name, c.holder, c.epoch, c.left_ms, (SELECT count(*) FROM n) FROM c";
 
 pub struct PgStore {
     s: Session<Pg>,
@@ -171,8 +181,8 @@ impl PgStore {
         })
     }
 
-    /// Renew and release: one UPDATE naming name, holder and epoch, plus a
-    /// duration in ms; true when it matched the lease.
+    /// Renew: one UPDATE naming name, holder and epoch, plus a duration in
+    /// ms; true when it matched the lease.
     async fn update(
         &mut self,
         sql: &'static str,
@@ -285,13 +295,21 @@ impl Store for PgStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        self.update(
-            RELEASE_SQL,
-            "cannot release in",
-            (name, holder, epoch, keep),
-            timeout,
-        )
-        .await
+        let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(keep));
+        self.s
+            .call(timeout, "cannot release in", move |c| {
+                Box::pin(async move {
+                    let row = sqlx::query(RELEASE_SQL)
+                        .bind(name)
+                        .bind(holder)
+                        .bind(epoch)
+                        .bind(ms)
+                        .fetch_one(c)
+                        .await?;
+                    Ok(sqlx::Row::try_get::<i64, _>(&row, 0)? == 1)
+                })
+            })
+            .await
     }
 
     async fn inspect(
@@ -320,7 +338,14 @@ impl StoreAdmin for PgStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::MILLIS
+        Capabilities {
+            pushes_wakeups: true,
+            ..Capabilities::MILLIS
+        }
+    }
+
+    fn wakeups(&self) -> Option<AnyWakeups> {
+        Some(Box::new(PgWakeups::new(self.s.d.opts.clone())))
     }
 
     fn schema(&self) -> Option<Schema> {
@@ -367,5 +392,18 @@ impl StoreAdmin for PgStore {
                 })
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waiters LISTEN on the channel the statements that free a lease notify.
+    #[test]
+    fn release_and_clear_notify_the_channel_waiters_listen_on() {
+        let notify = format!("pg_notify('{}', name)", super::super::push::PG_CHANNEL);
+        assert!(RELEASE_SQL.contains(&notify));
+        assert!(CLEAR_SQL.contains(&notify));
     }
 }

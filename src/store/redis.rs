@@ -25,12 +25,13 @@
 //! `NOSCRIPT`: after a restart or `SCRIPT FLUSH` the first call sends the
 //! source once, atomically, and an ACL user needs no `SCRIPT` permission.
 //!
-//! Push wake-ups (issue 10): the release and clear scripts are where a
-//! `PUBLISH leaderrun:released NAME` belongs, in the same script as the
-//! `DEL`, so a subscriber can never see the wake-up before the lease is
-//! free. A waiting contender would `SUBSCRIBE` on its own connection before
-//! each attempt; this store keeps its command connection separate
-//! (`conn`), so adding that subscription needs no change to the calls here.
+//! Push wake-ups: the release and clear scripts `PUBLISH` on the lease's
+//! channel (`{leaderrun:NAME}:released`) in the same script as the `DEL`,
+//! so a subscriber can never hear of a release before the lease is free. A
+//! waiting contender `SUBSCRIBE`s on a connection of its own before each
+//! attempt (src/store/push.rs). An expiry publishes nothing (keyspace
+//! notifications are off by default and not ours to switch on); a waiter
+//! schedules its next attempt for the expiry instead.
 //!
 //! The connection is taken out of `self` for a call and put back only on
 //! success: a failed call, or one abandoned by the elector's timer, leaves
@@ -41,6 +42,7 @@ use std::time::Duration;
 use ::redis::aio::MultiplexedConnection;
 use ::redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Value};
 
+use super::push;
 use super::sql::{check_params, millis};
 use super::{AnyStore, Capabilities, Init, LeaseInfo, Store, StoreAdmin, StoreError, Target};
 use crate::redact::Redacted;
@@ -62,14 +64,17 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 ";
 
-/// `KEYS[1]` lease; `ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` keep ms. With keep
-/// > 0 the holder stays recorded until then (`--min-hold`).
+/// `KEYS[1]` lease; `ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` keep ms, `ARGV[3]`
+/// the lease's wake-up channel. With keep > 0 the holder stays recorded
+/// until then (`--min-hold`); otherwise the lease is freed and waiters are
+/// told in the same script, so no subscriber hears of it before it is free.
 const RELEASE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 if tonumber(ARGV[2]) > 0 then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 else
   redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[3], '')
 end
 return 1
 ";
@@ -81,7 +86,8 @@ return {redis.call('GET', KEYS[2]), redis.call('GET', KEYS[1]), redis.call('PTTL
 ";
 
 /// `KEYS[1]` lease, `KEYS[2]` epoch; `ARGV[1]` the epoch to clear, or ''
-/// for any. Returns what was cleared as INSPECT does, or nil.
+/// for any, `ARGV[2]` the wake-up channel. Returns what was cleared as
+/// INSPECT does, or nil.
 const CLEAR_LUA: &str = r"
 local v = redis.call('GET', KEYS[1])
 if not v then return false end
@@ -90,6 +96,7 @@ if ARGV[1] ~= '' and string.sub(v, 1, string.len(ARGV[1]) + 1) ~= ARGV[1] .. ':'
 end
 local info = {redis.call('GET', KEYS[2]), v, redis.call('PTTL', KEYS[1])}
 redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], '')
 return info
 ";
 
@@ -385,7 +392,11 @@ impl Store for RedisStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let args = vec![lease_value(epoch, holder), millis(keep).to_string()];
+        let args = vec![
+            lease_value(epoch, holder),
+            millis(keep).to_string(),
+            push::redis_channel(name),
+        ];
         let v = self
             .script(timeout, "cannot release in", |s| &s.release, name, args)
             .await?;
@@ -411,7 +422,14 @@ impl StoreAdmin for RedisStore {
 
     /// `PX` takes milliseconds and the server counts them on its own clock.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::MILLIS
+        Capabilities {
+            pushes_wakeups: true,
+            ..Capabilities::MILLIS
+        }
+    }
+
+    fn wakeups(&self) -> Option<push::AnyWakeups> {
+        Some(Box::new(push::RedisWakeups::new(self.client.clone())))
     }
 
     /// Nothing to create: keys appear on first use. Connecting (and
@@ -476,7 +494,10 @@ impl StoreAdmin for RedisStore {
         epoch: Option<i64>,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        let args = vec![epoch.map(|e| e.to_string()).unwrap_or_default()];
+        let args = vec![
+            epoch.map(|e| e.to_string()).unwrap_or_default(),
+            push::redis_channel(name),
+        ];
         let v = self
             .script(timeout, "cannot release in", |s| &s.clear, name, args)
             .await?;

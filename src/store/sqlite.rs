@@ -24,6 +24,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
+use super::push;
 use super::sql::{self, lease_info, millis, Dialect, Session};
 use super::{
     AnyStore, Capabilities, Init, LeaseInfo, ResolveError, Schema, Store, StoreAdmin, StoreError,
@@ -411,13 +412,19 @@ impl Store for SqliteStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        self.update(
-            RELEASE_SQL,
-            "cannot release in",
-            (name, holder, epoch, keep),
-            timeout,
-        )
-        .await
+        let freed = self
+            .update(
+                RELEASE_SQL,
+                "cannot release in",
+                (name, holder, epoch, keep),
+                timeout,
+            )
+            .await?;
+        // After the commit: a waiter woken now finds the lease free.
+        if freed && keep.is_zero() {
+            push::touch(&self.s.d.path, name);
+        }
+        Ok(freed)
     }
 
     async fn inspect(
@@ -447,7 +454,14 @@ impl StoreAdmin for SqliteStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::MILLIS
+        Capabilities {
+            pushes_wakeups: true,
+            ..Capabilities::MILLIS
+        }
+    }
+
+    fn wakeups(&self) -> Option<push::AnyWakeups> {
+        Some(Box::new(push::FileWakeups::new(self.s.d.path.clone())))
     }
 
     fn schema(&self) -> Option<Schema> {
@@ -481,28 +495,34 @@ impl StoreAdmin for SqliteStore {
         epoch: Option<i64>,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        let name = name.to_string();
-        self.write(timeout, "cannot release in", move |c, now, boot| {
-            Box::pin(async move {
-                let row = sqlx::query(CLEARABLE_SQL)
-                    .bind(now)
-                    .bind(boot)
+        let owned = name.to_string();
+        let cleared = self
+            .write(timeout, "cannot release in", move |c, now, boot| {
+                let name = owned;
+                Box::pin(async move {
+                    let row = sqlx::query(CLEARABLE_SQL)
+                        .bind(now)
+                        .bind(boot)
+                        .bind(&name)
+                        .bind(epoch)
+                        .fetch_optional(&mut *c)
+                        .await?;
+                    let Some(row) = row else { return Ok(None) };
+                    let before = lease_info(&row)?;
+                    sqlx::query(
+                        "UPDATE leader_lease SET holder = NULL, expires_at = ?2 WHERE name = ?1",
+                    )
                     .bind(&name)
-                    .bind(epoch)
-                    .fetch_optional(&mut *c)
+                    .bind(now)
+                    .execute(&mut *c)
                     .await?;
-                let Some(row) = row else { return Ok(None) };
-                let before = lease_info(&row)?;
-                sqlx::query(
-                    "UPDATE leader_lease SET holder = NULL, expires_at = ?2 WHERE name = ?1",
-                )
-                .bind(&name)
-                .bind(now)
-                .execute(&mut *c)
-                .await?;
-                Ok(Some(before))
+                    Ok(Some(before))
+                })
             })
-        })
-        .await
+            .await?;
+        if cleared.is_some() {
+            push::touch(&self.s.d.path, name);
+        }
+        Ok(cleared)
     }
 }

@@ -1,0 +1,280 @@
+//! Push wake-ups for etcd: a `Watch` on the lease key, for deletions only.
+//!
+//! etcd deletes the key on every way a lease ends — release (a delete),
+//! `leaderrun release` (a delete), revocation and TTL expiry (the etcd
+//! leader deletes the keys of an expired lease) — so one watch covers all of
+//! them, expiry included, by the etcd leader's clock.
+//!
+//! The JSON gateway serves the watch as one streaming POST to `/v3/watch`: a
+//! chunked HTTP/1.1 reply that never ends, one JSON message after another
+//! (the first says the watch was created). A task of its own reads it into a
+//! channel, so the elector's `select!` can drop a waiting future at any time
+//! without leaving half a message read; the task ends (and the channel
+//! closes, which the elector sees as a broken subscription) when the stream
+//! does, and is aborted when the subscription is dropped.
+//!
+//! The watch is created *before* the acquisition attempt, from the
+//! revision current at its creation, so a deletion after the attempt is
+//! always reported. It stays open across attempts; a deletion reported
+//! before an attempt only causes one extra attempt.
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::{b64, lease_key, Conn, EtcdStore, StoreError, MAX_BODY};
+use crate::store::push::{Fut, Wakeups};
+
+enum Msg {
+    Created,
+    Deleted,
+}
+
+pub struct EtcdWakeups {
+    /// A second store handle: its own connection and its own auth token.
+    store: EtcdStore,
+    rx: Option<mpsc::UnboundedReceiver<Msg>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl EtcdWakeups {
+    pub fn new(store: EtcdStore) -> EtcdWakeups {
+        EtcdWakeups {
+            store,
+            rx: None,
+            task: None,
+        }
+    }
+
+    fn stop(&mut self) {
+        self.rx = None;
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+
+    async fn start(&mut self, name: &str) -> Result<(), String> {
+        // A start abandoned by the elector's timer may have left its task
+        // behind, waiting on a watch nobody reads.
+        self.stop();
+        if self.store.user.is_some() && self.store.token.is_none() {
+            self.store.authenticate().await.map_err(|e| e.to_string())?;
+        }
+        let mut conn = self.store.connect().await.map_err(|e| e.to_string())?;
+        let (host, port) = &self.store.endpoints[conn.endpoint];
+        // NOPUT: only deletions are of interest; acquisitions and
+        // renewals of the key stay off the wire.
+        let body = json!({"create_request": {"key": b64(&lease_key(name)), "filters": ["NOPUT"]}})
+            .to_string();
+        let mut head = format!(
+            "POST /v3/watch HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n",
+            body.len()
+        );
+        if let Some(t) = &self.store.token {
+            head.push_str(&format!("Authorization: {t}\r\n"));
+        }
+        head.push_str("\r\n");
+        let w = conn.io.get_mut();
+        w.write_all(head.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        w.write_all(body.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        w.flush().await.map_err(|e| e.to_string())?;
+        let status = read_head(&mut conn).await.map_err(|e| e.to_string())?;
+        if status != 200 {
+            // An expired token, most likely: the next arm authenticates anew.
+            self.store.token = None;
+            return Err(format!("the watch was refused (HTTP {status})"));
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        self.task = Some(tokio::spawn(async move {
+            let _ = pump(conn, tx).await;
+        }));
+        match rx.recv().await {
+            Some(Msg::Created) => {
+                self.rx = Some(rx);
+                Ok(())
+            }
+            _ => {
+                self.stop();
+                Err("the watch was not created".into())
+            }
+        }
+    }
+}
+
+impl Drop for EtcdWakeups {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Wakeups for EtcdWakeups {
+    fn arm<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()> {
+        Box::pin(async move {
+            if self.rx.is_none() {
+                if let Err(e) = self.start(name).await {
+                    self.stop();
+                    return Err(StoreError::Unavailable(format!("cannot watch: {e}")));
+                }
+            }
+            let Some(rx) = self.rx.as_mut() else {
+                return Err(StoreError::Unavailable("not watching".into()));
+            };
+            loop {
+                match rx.try_recv() {
+                    Ok(_) => {}
+                    Err(mpsc::error::TryRecvError::Empty) => return Ok(()),
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        self.stop();
+                        return Err(StoreError::Unavailable("the watch ended".into()));
+                    }
+                }
+            }
+        })
+    }
+
+    fn wake<'a>(&'a mut self, _name: &'a str) -> Fut<'a, ()> {
+        Box::pin(async move {
+            loop {
+                let Some(rx) = self.rx.as_mut() else {
+                    return Err(StoreError::Unavailable("not watching".into()));
+                };
+                match rx.recv().await {
+                    Some(Msg::Deleted) => return Ok(()),
+                    Some(Msg::Created) => {}
+                    None => {
+                        self.stop();
+                        return Err(StoreError::Unavailable("the watch ended".into()));
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// The reply's status line and headers; the stream must be chunked.
+async fn read_head(conn: &mut Conn) -> std::io::Result<u16> {
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+    let mut line = String::new();
+    conn.io.read_line(&mut line).await?;
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("not an HTTP reply"))?;
+    let mut chunked = false;
+    loop {
+        line.clear();
+        if conn.io.read_line(&mut line).await? == 0 {
+            return Err(bad("reply ended in its headers"));
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            if k.trim().eq_ignore_ascii_case("transfer-encoding") {
+                chunked = v.to_ascii_lowercase().contains("chunked");
+            }
+        }
+    }
+    if status == 200 && !chunked {
+        return Err(bad("the watch reply is not a stream"));
+    }
+    Ok(status)
+}
+
+/// Read chunks, split them into JSON messages, pass on what matters. Returns
+/// when the stream ends, breaks, or nobody listens any more.
+async fn pump(mut conn: Conn, tx: mpsc::UnboundedSender<Msg>) -> std::io::Result<()> {
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+    let mut line = String::new();
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        line.clear();
+        if conn.io.read_line(&mut line).await? == 0 {
+            return Ok(());
+        }
+        let size = line.trim_end().split(';').next().unwrap_or("").trim();
+        let size = usize::from_str_radix(size, 16).map_err(|_| bad("bad chunk size"))?;
+        if size == 0 {
+            return Ok(());
+        }
+        if buf.len() + size > MAX_BODY {
+            return Err(bad("message too large"));
+        }
+        let start = buf.len();
+        buf.resize(start + size, 0);
+        conn.io.read_exact(&mut buf[start..]).await?;
+        let mut crlf = [0u8; 2];
+        conn.io.read_exact(&mut crlf).await?;
+        let mut msgs = serde_json::Deserializer::from_slice(&buf).into_iter::<Value>();
+        let mut used = 0;
+        while let Some(m) = msgs.next() {
+            match m {
+                Ok(v) => {
+                    used = msgs.byte_offset();
+                    for msg in meaning(&v)? {
+                        if tx.send(msg).is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+                Err(e) if e.is_eof() => break,
+                Err(e) => return Err(bad(&e.to_string())),
+            }
+        }
+        buf.drain(..used);
+    }
+}
+
+/// What one watch message says: created, deletions, or (an error, a
+/// cancelled watch) the end of the stream.
+fn meaning(v: &Value) -> std::io::Result<Vec<Msg>> {
+    let end = |m: &str| std::io::Error::other(m.to_string());
+    if v.get("error").is_some() {
+        return Err(end("the watch failed"));
+    }
+    let Some(r) = v.get("result") else {
+        return Ok(Vec::new());
+    };
+    if r.get("canceled").and_then(Value::as_bool) == Some(true) {
+        return Err(end("the watch was cancelled"));
+    }
+    let mut out = Vec::new();
+    if r.get("created").and_then(Value::as_bool) == Some(true) {
+        out.push(Msg::Created);
+    }
+    let deleted = r
+        .get("events")
+        .and_then(Value::as_array)
+        .is_some_and(|evs| {
+            evs.iter()
+                .any(|e| e.get("type").and_then(Value::as_str) == Some("DELETE"))
+        });
+    if deleted {
+        out.push(Msg::Deleted);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_read_for_creation_and_deletions_only() {
+        let created = json!({"result": {"header": {"revision": "5"}, "created": true}});
+        assert!(matches!(meaning(&created).unwrap()[..], [Msg::Created]));
+        let deleted = json!({"result": {"events": [{"type": "DELETE", "kv": {"key": "eA=="}}]}});
+        assert!(matches!(meaning(&deleted).unwrap()[..], [Msg::Deleted]));
+        let put = json!({"result": {"events": [{"kv": {"key": "eA=="}}]}});
+        assert!(meaning(&put).unwrap().is_empty());
+        assert!(meaning(&json!({"result": {"canceled": true}})).is_err());
+        assert!(meaning(&json!({"error": {"code": 14}})).is_err());
+    }
+}
