@@ -396,4 +396,10 @@ macro_rules! conformance {
     )*};
 }
 
-conformance!(postgres, sqlite, mysql);
+conformance!(
+    postgres,
+    sqlite,
+    mysql,
+    pgbouncer_transaction,
+    pgbouncer_session
+);

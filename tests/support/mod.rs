@@ -7,6 +7,7 @@ pub mod chaos_child;
 pub mod checker;
 pub mod mysql;
 pub mod pg;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod pty;
 pub mod stores;
