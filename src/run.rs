@@ -218,10 +218,13 @@ pub async fn run(cfg: RunConfig) -> i32 {
             return exit::FAILURE;
         }
     };
-    if let Err(e) = supervisor::check_command(&cfg.command) {
-        tracing::error!(event = "spawn_failed", "{e}");
-        return e.exit_code();
-    }
+    let file = match supervisor::check_command(&cfg.command) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::error!(event = "spawn_failed", "{e}");
+            return e.exit_code();
+        }
+    };
     // Orphans of the command's tree come to leaderrun, not init (tree.rs).
     crate::tree::become_subreaper();
     let clock = BootClock;
@@ -243,6 +246,15 @@ pub async fn run(cfg: RunConfig) -> i32 {
     }));
     report.borrow_mut().starting();
 
+    // Try-once: the watchdog's exec and start-up run while the acquire is
+    // in flight (a connect, a round trip); it gets its orders only once the
+    // lease is ours. A waiting standby starts it on acquiring instead, so
+    // that standbys stay one process each.
+    let mut early = if cfg.wait {
+        None
+    } else {
+        Watchdog::spawn(&name).ok()
+    };
     let mut lease = match elector
         .wait_for_lease(cfg.wait, cfg.timeout, &mut signals)
         .await
@@ -308,7 +320,11 @@ pub async fn run(cfg: RunConfig) -> i32 {
         quiet: cfg.log.1,
         json: cfg.log.2,
     };
-    match Watchdog::start(&orders) {
+    let started = match early.take() {
+        Some(w) => w.give(&orders),
+        None => Watchdog::start(&orders),
+    };
+    match started {
         Ok(w) => *watchdog.borrow_mut() = Some(w),
         Err(e) => {
             tracing::error!(
@@ -347,7 +363,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
         skip: watchdog.borrow().as_ref().map(Watchdog::pid),
         keep_hup_ignored: hup_ignored,
     };
-    let mut child = match supervisor::spawn(&cfg.command, &env, place) {
+    let mut child = match supervisor::spawn(&cfg.command, &file, &env, place) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(event = "spawn_failed", "{e}");
