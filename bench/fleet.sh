@@ -24,6 +24,7 @@ pids=()
 cleanup() {
     [ -n "${lr_pids:-}" ] && kill $lr_pids 2>/dev/null
     sleep 3
+    [ -s "$tmp/pgbouncer.pid" ] && kill "$(cat "$tmp/pgbouncer.pid")" 2>/dev/null
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     sleep 1; rm -rf "$tmp"
 }
@@ -53,7 +54,7 @@ pidfile = $tmp/pgbouncer.pid
 INI
 chown "$owner" "$tmp/users" "$tmp/pgbouncer.ini"
 sleep 2
-as_owner "ulimit -n \$(ulimit -Hn); exec pgbouncer $tmp/pgbouncer.ini" &
+as_owner "ulimit -n \$(ulimit -Hn); exec pgbouncer $tmp/pgbouncer.ini" >/dev/null 2>&1 &
 pids+=($!)
 psql_pg() { PGPASSWORD=fleet-pw "$pgbin/psql" -X -Atq -h 127.0.0.1 -p "$pgport" -U postgres -d postgres -c "$1"; }
 for _ in $(seq 50); do psql_pg 'select 1' >/dev/null 2>&1 && break; sleep 0.2; done

@@ -22,7 +22,12 @@ pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 tmp=$(mktemp -d /tmp/leaderrun-bench.XXXXXX)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.5; rm -rf "$tmp"; }
+cleanup() {
+    # pgbouncer runs under su as root: its own pid, from its pidfile.
+    [ -s "$tmp/pgbouncer.pid" ] && kill "$(cat "$tmp/pgbouncer.pid")" 2>/dev/null
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    sleep 0.5; rm -rf "$tmp"
+}
 trap cleanup EXIT
 
 # Postgres: password (SCRAM) over TCP, as a remote client would connect.
@@ -47,8 +52,8 @@ for _ in $(seq 100); do
 done
 bport=$(free_port)
 echo '"postgres" "bench-pw"' > "$tmp/users"
-printf '[databases]\npostgres = host=127.0.0.1 port=%s dbname=postgres\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = %s\nunix_socket_dir =\nauth_type = scram-sha-256\nauth_file = %s\npool_mode = transaction\nlogfile = %s\n' \
-    "$pgport" "$bport" "$tmp/users" "$tmp/pgbouncer.log" > "$tmp/pgbouncer.ini"
+printf '[databases]\npostgres = host=127.0.0.1 port=%s dbname=postgres\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = %s\nunix_socket_dir =\nauth_type = scram-sha-256\nauth_file = %s\npool_mode = transaction\nlogfile = %s\npidfile = %s\n' \
+    "$pgport" "$bport" "$tmp/users" "$tmp/pgbouncer.log" "$tmp/pgbouncer.pid" > "$tmp/pgbouncer.ini"
 chown "$owner" "$tmp/users" "$tmp/pgbouncer.ini"
 as_owner "exec pgbouncer $tmp/pgbouncer.ini" >/dev/null 2>&1 &
 pids+=($!)
