@@ -235,10 +235,13 @@ pub async fn run(cfg: RunConfig) -> i32 {
             return exit::FAILURE;
         }
     };
-    if let Err(e) = supervisor::check_command(&cfg.command) {
-        tracing::error!(event = "spawn_failed", "{e}");
-        return e.exit_code();
-    }
+    let file = match supervisor::check_command(&cfg.command) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::error!(event = "spawn_failed", "{e}");
+            return e.exit_code();
+        }
+    };
     // Orphans of the command's tree come to leaderrun, not init (tree.rs).
     crate::tree::become_subreaper();
     let clock = BootClock;
@@ -264,6 +267,15 @@ pub async fn run(cfg: RunConfig) -> i32 {
     }));
     report.borrow_mut().starting();
 
+    // Try-once: the watchdog's exec and start-up run while the acquire is
+    // in flight (a connect, a round trip); it gets its orders only once the
+    // lease is ours. A waiting standby starts it on acquiring instead, so
+    // that standbys stay one process each.
+    let mut early = if cfg.wait {
+        None
+    } else {
+        Watchdog::spawn(&name).ok()
+    };
     let mut lease = match elector
         .wait_for_lease(cfg.wait, cfg.timeout, &mut signals)
         .await
@@ -330,7 +342,11 @@ pub async fn run(cfg: RunConfig) -> i32 {
         quiet: cfg.log.1,
         json: cfg.log.2,
     };
-    match Watchdog::start(&orders) {
+    let started = match early.take() {
+        Some(w) => w.give(&orders),
+        None => Watchdog::start(&orders),
+    };
+    match started {
         Ok(w) => *watchdog.borrow_mut() = Some(w),
         Err(e) => {
             tracing::error!(
@@ -372,7 +388,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
     if let Some(w) = watchdog.borrow_mut().as_mut() {
         w.spawning(place.cgroup.as_ref());
     }
-    let mut child = match supervisor::spawn(&cfg.command, &env, place) {
+    let mut child = match supervisor::spawn(&cfg.command, &file, &env, place) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(event = "spawn_failed", "{e}");

@@ -96,8 +96,10 @@ pub struct Placement {
 
 /// Find out, before any lease is taken, whether `argv[0]` can be run at all,
 /// so a typo in a crontab costs no epoch and holds no lease. (The spawn
-/// itself still reports 126/127 for what changes in between.)
-pub fn check_command(argv: &[OsString]) -> Result<(), SpawnError> {
+/// itself still reports 126/127 for what changes in between.) Returns the
+/// file to execute, found once here so that [`spawn`] does not search
+/// `PATH` a second time.
+pub fn check_command(argv: &[OsString]) -> Result<std::path::PathBuf, SpawnError> {
     use nix::unistd::{access, AccessFlags};
     use std::path::{Path, PathBuf};
     let Some(program) = argv.first().filter(|p| !p.is_empty()) else {
@@ -110,7 +112,7 @@ pub fn check_command(argv: &[OsString]) -> Result<(), SpawnError> {
         return if !p.exists() {
             Err(SpawnError::NotFound(shown))
         } else if runnable(p) {
-            check_interpreter(p, &shown)
+            check_interpreter(p, &shown).map(|()| p.to_path_buf())
         } else {
             Err(SpawnError::NotExecutable(format!(
                 "{shown}: permission denied or not a file"
@@ -121,7 +123,7 @@ pub fn check_command(argv: &[OsString]) -> Result<(), SpawnError> {
         .map(|d| d.join(program))
         .collect();
     if let Some(found) = candidates.iter().find(|c| runnable(c)) {
-        check_interpreter(found, &shown)
+        check_interpreter(found, &shown).map(|()| found.clone())
     } else if candidates.iter().any(|c| c.exists()) {
         Err(SpawnError::NotExecutable(format!(
             "{shown}: permission denied"
@@ -234,9 +236,12 @@ fn visible(b: &[u8]) -> String {
         .collect()
 }
 
-/// Start `argv` with `env` added to leaderrun's own environment.
+/// Start `argv` with `env` added to leaderrun's own environment; `file` is
+/// what [`check_command`] found for `argv[0]`, which the command still sees
+/// as its `argv[0]`.
 pub fn spawn(
     argv: &[OsString],
+    file: &std::path::Path,
     env: &[(&str, String)],
     place: Placement,
 ) -> Result<Child, SpawnError> {
@@ -250,8 +255,11 @@ pub fn spawn(
     // Listen before the child exists, so that no SIGCHLD is missed.
     let sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
         .map_err(|e| SpawnError::NotExecutable(format!("cannot watch for the child: {e}")))?;
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(args)
+    // A path with a slash is executed without a PATH search (execvp still
+    // runs a script without `#!` with /bin/sh, as before).
+    let mut cmd = std::process::Command::new(file);
+    cmd.arg0(program)
+        .args(args)
         .stdin(Stdio::inherit())
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())

@@ -62,8 +62,26 @@ fn parse_stat(pid: i32, stat: &str) -> Option<Proc> {
 }
 
 pub fn proc_entry(pid: i32) -> Option<Proc> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(pid, &stat)
+    use std::io::Read;
+    // procfs files report a size of 0, so `read_to_string` starts with a
+    // 32-byte buffer and doubles it: six reads per file, for every process
+    // on the host at every look. A buffer that fits any `stat` line (about
+    // 300 bytes; `comm` is at most 64) takes it in one read: the line is
+    // complete once it ends with its newline.
+    let mut buf = [0u8; 1024];
+    let mut f = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let mut len = 0;
+    while len < buf.len() && !(len > 0 && buf[len - 1] == b'\n') {
+        match f.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    // Lossy: a `comm` that is not UTF-8 (any program may set its own) must
+    // not hide the process; the fields used come after it and are ASCII.
+    parse_stat(pid, &String::from_utf8_lossy(&buf[..len]))
 }
 
 /// Every process this process may see.
@@ -337,5 +355,40 @@ mod tests {
             .all(|p| p.pid != c.id() as i32));
         let _ = c.kill();
         let _ = c.wait();
+    }
+
+    /// A program's name (`comm`) need not be UTF-8; such a process must
+    /// still be found, or it would escape every sweep.
+    #[test]
+    fn a_process_whose_name_is_not_utf8_is_found() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = std::env::temp_dir().join(format!("leaderrun-tree-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join(std::ffi::OsStr::from_bytes(b"sl\xff\xfeep"));
+        let sleep = ["/bin/sleep", "/usr/bin/sleep"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .unwrap();
+        std::os::unix::fs::symlink(sleep, &link).unwrap();
+        let mut c = std::process::Command::new(&link).arg("5").spawn().unwrap();
+        let pid = c.id() as i32;
+        let seen = (0..200).any(|_| {
+            let raw = std::fs::read(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if !raw.windows(2).any(|w| w == b"\xff\xfe") {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                return false; // not exec'd yet
+            }
+            descendants(std::process::id() as i32, None)
+                .iter()
+                .any(|p| p.pid == pid)
+        });
+        let _ = c.kill();
+        let _ = c.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            seen,
+            "pid {pid} with a non-UTF-8 name not among the descendants"
+        );
     }
 }

@@ -159,9 +159,19 @@ impl Watchdog {
     /// Start the watchdog and give it its orders. An error means leaderrun
     /// must not start the command: it would run with one guard, not two.
     pub fn start(orders: &Orders) -> std::io::Result<Watchdog> {
+        Watchdog::spawn(&orders.name)?.give(orders)
+    }
+
+    /// Start the watchdog process without orders, so that its exec and
+    /// start-up overlap the first acquire. Until [`Watchdog::give`] it only
+    /// waits on its pipe; dropped unused (the lease was held elsewhere), the
+    /// pipe closes and it leaves without doing anything. What the contract
+    /// needs is unchanged: the command starts only after `give` returned,
+    /// with the orders in the watchdog's pipe (§10).
+    pub fn spawn(name: &str) -> std::io::Result<Watchdog> {
         let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
         let mut cmd = std::process::Command::new("/proc/self/exe");
-        cmd.arg0(format!("leaderrun-watchdog {}", orders.name))
+        cmd.arg0(format!("leaderrun-watchdog {name}"))
             .arg(ARG)
             .stdin(Stdio::from(rd))
             .stdout(Stdio::null())
@@ -192,10 +202,16 @@ impl Watchdog {
         }
         let child = cmd.spawn()?;
         let pid = Pid::from_raw(child.id() as i32);
-        let mut w = Watchdog {
+        Ok(Watchdog {
             pid,
             pipe: Some(wr),
-        };
+        })
+    }
+
+    /// Hand a started watchdog its orders. An error means leaderrun must
+    /// not start the command.
+    pub fn give(mut self, orders: &Orders) -> std::io::Result<Watchdog> {
+        let w = &mut self;
         // The orders fit in the pipe's buffer; write them while the pipe is
         // still blocking, then make it non-blocking for the updates.
         w.send_blocking(&orders.encode())?;
@@ -204,7 +220,7 @@ impl Watchdog {
             let fl = OFlag::from_bits_truncate(fl) | OFlag::O_NONBLOCK;
             nix::fcntl::fcntl(p.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(fl))?;
         }
-        Ok(w)
+        Ok(self)
     }
 
     pub fn pid(&self) -> Pid {

@@ -134,6 +134,22 @@ fn subcommands_on_postgres() {
     subcommands_against(&pg.url());
 }
 
+/// The same through PgBouncer: every run form, status, release and check
+/// call (and the watchdog's hand-back) goes through the pooler.
+#[test]
+fn subcommands_through_pgbouncer_in_transaction_mode() {
+    let pg = Pg::start();
+    let b = pgbouncer::Bouncer::start(&pg, pgbouncer::Mode::Transaction);
+    subcommands_against(&b.url());
+}
+
+#[test]
+fn subcommands_through_pgbouncer_in_session_mode() {
+    let pg = Pg::start();
+    let b = pgbouncer::Bouncer::start(&pg, pgbouncer::Mode::Session);
+    subcommands_against(&b.url());
+}
+
 #[test]
 fn subcommands_on_the_embedded_store() {
     let dir = TempDir::new("admin-sqlite");

@@ -420,4 +420,12 @@ macro_rules! conformance {
     )*};
 }
 
-conformance!(postgres, sqlite, mysql, redis, etcd);
+conformance!(
+    postgres,
+    sqlite,
+    mysql,
+    redis,
+    etcd,
+    pgbouncer_transaction,
+    pgbouncer_session
+);

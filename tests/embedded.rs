@@ -311,3 +311,32 @@ fn store_errors_name_the_path_and_start_nothing() {
     assert!(r.stderr.contains("not a database"), "{}", r.stderr);
     assert!(!ran.exists(), "a child was started despite a store error");
 }
+
+/// A run ends without copying the WAL back into the database (and without
+/// the fsyncs that takes): the WAL is still there afterwards, and the next
+/// run reads the lease from it. Many runs later it is still small: the
+/// commit that crosses `wal_autocheckpoint` copies it back.
+#[test]
+fn runs_leave_the_wal_and_keep_it_small() {
+    let dir = TempDir::new("wal");
+    let db = dir.file("leases.db");
+    let url = format!("sqlite://{}", db.display());
+    let wal = dir.file("leases.db-wal");
+    for i in 1..=3 {
+        let r = run(lr(&url, "w", &[], "echo $LEASE_EPOCH"));
+        assert_eq!(r.code, Some(0), "{}", r.stderr);
+        assert_eq!(r.stdout.trim(), i.to_string());
+        assert!(
+            wal.exists(),
+            "the WAL was checkpointed and removed at close"
+        );
+    }
+    for _ in 0..150 {
+        let r = run(lr(&url, "w", &[], "true"));
+        assert_eq!(r.code, Some(0), "{}", r.stderr);
+    }
+    let size = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert!(size < 1024 * 1024, "WAL grew to {size} bytes");
+    let r = run(lr(&url, "w", &[], "echo $LEASE_EPOCH"));
+    assert_eq!(r.stdout.trim(), "154");
+}

@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgRow};
 use sqlx::{ConnectOptions, Connection};
 
 use super::push::{AnyWakeups, PgWakeups};
@@ -47,30 +47,47 @@ pub const SCHEMA: Schema = Schema {
 const EXISTS_SQL: &str =
     "SELECT CASE WHEN to_regclass('leader_lease') IS NULL THEN 0::int8 ELSE 1::int8 END";
 
-const ACQUIRE_SQL: &str = "INSERT INTO leader_lease AS l (name, holder, epoch, expires_at)
-     VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8 / 1000))
+fn acquire_sql(name: &str, holder: &str, ms: i64) -> Result<String, sqlx::Error> {
+    let (name, holder) = (text(name)?, text(holder)?);
+    Ok(format!(
+        "INSERT INTO leader_lease AS l (name, holder, epoch, expires_at)
+     VALUES ({name}, {holder}, 1, now() + make_interval(secs => {ms}::float8 / 1000))
      ON CONFLICT (name) DO UPDATE
         SET holder = EXCLUDED.holder, epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at
       WHERE l.holder IS NULL OR l.expires_at <= now()
-     RETURNING epoch";
+     RETURNING epoch"
+    ))
+}
 
-const RENEW_SQL: &str = "UPDATE leader_lease
-        SET expires_at = now() + make_interval(secs => $4::float8 / 1000)
-      WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()";
+fn renew_sql(name: &str, holder: &str, epoch: i64, ms: i64) -> Result<String, sqlx::Error> {
+    let (name, holder) = (text(name)?, text(holder)?);
+    Ok(format!(
+        "UPDATE leader_lease
+        SET expires_at = now() + make_interval(secs => {ms}::float8 / 1000)
+      WHERE name = {name} AND holder = {holder} AND epoch = {epoch} AND expires_at > now()
+     RETURNING epoch"
+    ))
+}
 
 // With keep > 0 the holder stays and the lease runs `keep` more from now
 // (`--min-hold`); with keep = 0 the lease is free at once. The epoch is
 // untouched either way: the next acquisition raises it. A lease freed here
 // notifies waiters (src/store/push.rs) in the same statement, so the
 // NOTIFY is delivered at the commit that frees the lease, never before it
-// and never without it. The first column is the number of rows released.
-const RELEASE_SQL: &str = "WITH r AS (UPDATE leader_lease
-        SET holder = CASE WHEN $4::bigint > 0 THEN holder END,
-            expires_at = now() + make_interval(secs => $4::float8 / 1000)
-      WHERE name = $1 AND holder = $2 AND epoch = $3
-     RETURNING name, holder),
+// and never without it. (A SELECT in a WITH runs only when it is used: the
+// final join makes it run.) One row per lease released.
+fn release_sql(name: &str, holder: &str, epoch: i64, keep: i64) -> Result<String, sqlx::Error> {
+    let (name, holder) = (text(name)?, text(holder)?);
+    Ok(format!(
+        "WITH r AS (UPDATE leader_lease
+        SET holder = CASE WHEN {keep}::bigint > 0 THEN holder END,
+            expires_at = now() + make_interval(secs => {keep}::float8 / 1000)
+      WHERE name = {name} AND holder = {holder} AND epoch = {epoch}
+     RETURNING name, holder, epoch),
      n AS (SELECT pg_notify('leaderrun_released', name) FROM r WHERE holder IS NULL)
-     SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM n)";
+     SELECT r.epoch FROM r CROSS JOIN (SELECT count(*) FROM n) notified"
+    ))
+}
 
 /// What `LeaseInfo` is read from (see `sql::lease_info`). The remaining time
 /// is clamped to ±10 years, so a row holding `infinity` (written by hand)
@@ -83,28 +100,67 @@ macro_rules! columns {
     };
 }
 
-const INSPECT_SQL: &str = concat!("SELECT ", columns!(), " FROM leader_lease WHERE name = $1");
 const LIST_SQL: &str = concat!("SELECT ", columns!(), " FROM leader_lease ORDER BY name");
 
+fn inspect_sql(name: &str) -> Result<String, sqlx::Error> {
+    Ok(format!(
+        concat!("SELECT ", columns!(), " FROM leader_lease WHERE name = {}"),
+        text(name)?
+    ))
+}
+
 // The row is locked and read as it was, then cleared; `epoch` is untouched.
-// Waiters are notified in the same statement (see RELEASE_SQL).
-const CLEAR_SQL: &str = "WITH c AS (UPDATE leader_lease l SET holder = NULL, expires_at = now()
-       FROM (SELECT name, holder, expires_at FROM leader_lease WHERE name = $1 FOR UPDATE) old
-      WHERE l.name = old.name AND l.holder IS NOT NULL AND ($2::bigint IS NULL OR l.epoch = $2)
+// Waiters are notified in the same statement (see `release_sql`).
+fn clear_sql(name: &str, epoch: Option<i64>) -> Result<String, sqlx::Error> {
+    let name = text(name)?;
+    let epoch = epoch.map_or("NULL".to_string(), |e| e.to_string());
+    Ok(format!(
+        "WITH c AS (UPDATE leader_lease l SET holder = NULL, expires_at = now()
+       FROM (SELECT name, holder, expires_at FROM leader_lease WHERE name = {name} FOR UPDATE) old
+      WHERE l.name = old.name AND l.holder IS NOT NULL AND ({epoch}::bigint IS NULL OR l.epoch = {epoch})
      RETURNING l.name, old.holder, l.epoch,
         (extract(epoch FROM (least(greatest(old.expires_at, now() - interval '10 years'),
                                    now() + interval '10 years') - now())) * 1000)::bigint AS left_ms),
      n AS (SELECT pg_notify('leaderrun_released', name) FROM c)
-     SELECT c.name, c.holder, c.epoch, c.left_ms, (SELECT count(*) FROM n) FROM c";
+     SELECT c.name, c.holder, c.epoch, c.left_ms FROM c CROSS JOIN (SELECT count(*) FROM n) notified"
+    ))
+}
+
+/// A text value as an SQL string literal. Every call goes out as one
+/// simple-protocol message (see [`PgStore::run`]), so values are written
+/// into the statement instead of bound. `E'…'` reads the same whatever
+/// `standard_conforming_strings` says, and with `client_encoding` UTF8 (the
+/// driver always asks for it) no byte of a multi-byte character can be a
+/// quote or a backslash; doubling both is then a complete escape. A NUL
+/// cannot be stored in Postgres text at all and is refused.
+fn text(s: &str) -> Result<String, sqlx::Error> {
+    if s.contains('\0') {
+        return Err(sqlx::Error::Encode(
+            "a lease name or holder id with a NUL byte".into(),
+        ));
+    }
+    let mut out = String::with_capacity(s.len() + 3);
+    out.push_str("E'");
+    for c in s.chars() {
+        match c {
+            '\'' => out.push_str("''"),
+            '\\' => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    Ok(out)
+}
 
 pub struct PgStore {
     s: Session<Pg>,
 }
 
-/// How to reach the server, and whether the table was seen already.
+/// How to reach the server.
 struct Pg {
     opts: PgConnectOptions,
-    table_checked: bool,
+    /// `SET LOCAL` of the server-side timeouts, put before every statement.
+    timeouts: String,
     redacted: Redacted,
 }
 
@@ -158,55 +214,140 @@ impl PgStore {
         sql::check_params(url, KNOWN_PARAMS)?;
         let opts = PgConnectOptions::from_url(url)
             .map_err(|e| format!("is not valid: {}", sql::message(&e)))?;
-        let ms = millis(statement_timeout).max(1).to_string();
         // Respect an application_name the user put in the URL.
         let opts = if url.query_pairs().any(|(k, _)| k == "application_name") {
             opts
         } else {
             opts.application_name(app_name)
         };
+        // No `extra_float_digits` in the startup packet: PgBouncer refuses
+        // any startup parameter it does not know, and we read no floats.
+        // The timeouts are not sent as `options` either (PgBouncer refuses
+        // that too, and in transaction pooling a session setting would land
+        // on whichever server connection happens to serve the login): each
+        // call sets them with SET LOCAL, in its own transaction.
         let opts = opts
-            .options([
-                ("statement_timeout", ms.as_str()),
-                ("lock_timeout", ms.as_str()),
-            ])
+            .extra_float_digits(None)
             // Our own log lines say what matters; SQL text in a cron mail does not.
             .disable_statement_logging();
+        let ms = millis(statement_timeout).max(1);
         Ok(PgStore {
             s: Session::new(Pg {
                 opts,
-                table_checked: false,
+                timeouts: format!(
+                    "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; "
+                ),
                 redacted: Redacted::new(url),
             }),
         })
     }
 
-    /// Renew: one UPDATE naming name, holder and epoch, plus a duration in
-    /// ms; true when it matched the lease.
-    async fn update(
+    /// One call: the statement built by `build`, after the `SET LOCAL`s of
+    /// the timeouts, sent as *one* simple-protocol message. Postgres runs a
+    /// multi-statement message as one implicit transaction, so:
+    ///
+    /// * it is one round trip, with nothing prepared: no named statement
+    ///   to collide in a pooler's shared server connection, and no unnamed
+    ///   one that a transaction pooler could lose between parse and execute
+    ///   (sqlx's extended protocol syncs in between);
+    /// * the timeouts hold for this statement only and end with its
+    ///   transaction (Postgres 13 and newer arm `statement_timeout` per
+    ///   statement of a message), so nothing is left on a server connection
+    ///   that a pooler hands to someone else next.
+    ///
+    /// A missing table is created on the spot and the statement sent again,
+    /// instead of asking whether it exists before every first call.
+    async fn run(
         &mut self,
-        sql: &'static str,
-        what: &str,
-        (name, holder, epoch, d): (&str, &str, i64, Duration),
         timeout: Duration,
-    ) -> Result<bool, StoreError> {
-        let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(d));
-        self.s
+        what: &str,
+        build: impl FnOnce() -> Result<String, sqlx::Error>,
+    ) -> Result<Vec<PgRow>, StoreError> {
+        let q = match build() {
+            Ok(stmt) => format!("{}{stmt}", self.s.d.timeouts),
+            Err(e) => return Err(self.s.error(what, &e)),
+        };
+        let create = format!("{}{TABLE_SQL}", self.s.d.timeouts);
+        let out = self
+            .s
             .call(timeout, what, move |c| {
                 Box::pin(async move {
-                    let done = sqlx::query(sql)
-                        .bind(name)
-                        .bind(holder)
-                        .bind(epoch)
-                        .bind(ms)
-                        .execute(c)
-                        .await?;
-                    Ok(done.rows_affected() == 1)
+                    match sqlx::Executor::fetch_all(&mut *c, sqlx::raw_sql(&q)).await {
+                        Err(e) if is_code(&e, UNDEFINED_TABLE) => {}
+                        done => return done.map(Ok),
+                    }
+                    // Two first users may race to create it: `IF NOT EXISTS`
+                    // is not atomic against another creator, so whatever the
+                    // create says, the statement is tried again, and only if
+                    // the table is still missing is the create's error shown.
+                    let created = sqlx::Executor::execute(&mut *c, sqlx::raw_sql(&create)).await;
+                    match sqlx::Executor::fetch_all(&mut *c, sqlx::raw_sql(&q)).await {
+                        Err(e) if is_code(&e, UNDEFINED_TABLE) => Ok(Err(created.err())),
+                        done => done.map(Ok),
+                    }
                 })
             })
-            .await
+            .await?;
+        out.map_err(|create_err| {
+            let Some(e) = create_err else {
+                return StoreError::Fatal(format!(
+                    "table leader_lease is missing in the store {}",
+                    self.s.d.shown()
+                ));
+            };
+            missing_table(sql::classify::<Pg>(
+                &format!(
+                    "table leader_lease is missing in the store {}",
+                    self.s.d.shown()
+                ),
+                &e,
+            ))
+        })
+    }
+
+    /// Renew and release: true when the UPDATE matched the lease.
+    async fn update(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        build: impl FnOnce() -> Result<String, sqlx::Error>,
+    ) -> Result<bool, StoreError> {
+        Ok(self.run(timeout, what, build).await?.len() == 1)
     }
 }
+
+const UNDEFINED_TABLE: &str = "42P01";
+
+fn is_code(e: &sqlx::Error, code: &str) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some(code))
+}
+
+/// The hint that goes with a table that could not be created.
+fn missing_table(err: StoreError) -> StoreError {
+    match err {
+        // A read-only server (a standby, a primary demoted during a
+        // failover) may accept writes again soon: say so, and keep trying.
+        StoreError::Unavailable(m) => {
+            StoreError::Unavailable(format!("{m} (the table cannot be created now; retrying)"))
+        }
+        StoreError::Fatal(m) => StoreError::Fatal(format!(
+            "{m} (create it with the SQL from `leaderrun init --print`, or grant CREATE)"
+        )),
+    }
+}
+
+/// What PgBouncer says, with SQLSTATE 08P01 (a protocol violation, which
+/// from a server means a broken link and may heal), when its own
+/// configuration or the client's refuses the login: retrying cannot help.
+const POOLER_REFUSALS: &[&str] = &[
+    "unsupported startup parameter",
+    "no such database",
+    "no such user",
+    "authentication failed",
+    "server login failed",
+    "not allowed",
+    "unsupported pkt type",
+];
 
 impl Dialect for Pg {
     type Conn = PgConnection;
@@ -216,30 +357,34 @@ impl Dialect for Pg {
     }
 
     async fn connect(&mut self) -> Result<PgConnection, StoreError> {
-        let mut conn = PgConnection::connect_with(&self.opts).await.map_err(|e| {
+        PgConnection::connect_with(&self.opts).await.map_err(|e| {
             sql::classify::<Pg>(
                 &format!("cannot connect to the store {}", self.redacted),
                 &e,
             )
-        })?;
-        if !self.table_checked {
-            sql::ensure_table(self, &mut conn, EXISTS_SQL, TABLE_SQL).await?;
-            self.table_checked = true;
-        }
-        Ok(conn)
+        })
     }
 
     /// 08 connection, 40 rollback, 53 resources, 55 lock not available,
     /// 57 operator intervention (shutdown, cancel), 58 system, and 25006
     /// read-only transaction (a standby or a demoted primary).
+    /// A pooler's refusal of the login (see [`POOLER_REFUSALS`]) will not
+    /// heal, whatever its code says.
     fn may_heal(e: &sqlx::Error) -> bool {
         match e {
-            sqlx::Error::Database(d) => d.code().is_some_and(|c| {
-                c == "25006"
-                    || ["08", "40", "53", "55", "57", "58"]
-                        .iter()
-                        .any(|p| c.starts_with(p))
-            }),
+            sqlx::Error::Database(d) => {
+                if d.code().as_deref() == Some("08P01")
+                    && POOLER_REFUSALS.iter().any(|m| d.message().contains(m))
+                {
+                    return false;
+                }
+                d.code().is_some_and(|c| {
+                    c == "25006"
+                        || ["08", "40", "53", "55", "57", "58"]
+                            .iter()
+                            .any(|p| c.starts_with(p))
+                })
+            }
             _ => false,
         }
     }
@@ -253,21 +398,15 @@ impl Store for PgStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
-        let ms = millis(lease);
-        let (name, holder) = (name.to_string(), holder.to_string());
-        self.s
-            .call(timeout, "cannot acquire in", move |c| {
-                Box::pin(async move {
-                    let row = sqlx::query(ACQUIRE_SQL)
-                        .bind(name)
-                        .bind(holder)
-                        .bind(ms)
-                        .fetch_optional(c)
-                        .await?;
-                    row.map(|r| sqlx::Row::try_get::<i64, _>(&r, 0)).transpose()
-                })
+        let rows = self
+            .run(timeout, "cannot acquire in", || {
+                acquire_sql(name, holder, millis(lease))
             })
-            .await
+            .await?;
+        rows.first()
+            .map(|r| sqlx::Row::try_get::<i64, _>(r, 0))
+            .transpose()
+            .map_err(|e| self.s.error("cannot acquire in", &e))
     }
 
     async fn renew(
@@ -278,12 +417,9 @@ impl Store for PgStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        self.update(
-            RENEW_SQL,
-            "cannot renew in",
-            (name, holder, epoch, lease),
-            timeout,
-        )
+        self.update("cannot renew in", timeout, || {
+            renew_sql(name, holder, epoch, millis(lease))
+        })
         .await
     }
 
@@ -295,21 +431,10 @@ impl Store for PgStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(keep));
-        self.s
-            .call(timeout, "cannot release in", move |c| {
-                Box::pin(async move {
-                    let row = sqlx::query(RELEASE_SQL)
-                        .bind(name)
-                        .bind(holder)
-                        .bind(epoch)
-                        .bind(ms)
-                        .fetch_one(c)
-                        .await?;
-                    Ok(sqlx::Row::try_get::<i64, _>(&row, 0)? == 1)
-                })
-            })
-            .await
+        self.update("cannot release in", timeout, || {
+            release_sql(name, holder, epoch, millis(keep))
+        })
+        .await
     }
 
     async fn inspect(
@@ -317,18 +442,13 @@ impl Store for PgStore {
         name: &str,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        let name = name.to_string();
-        self.s
-            .call(timeout, "cannot read", move |c| {
-                Box::pin(async move {
-                    let row = sqlx::query(INSPECT_SQL)
-                        .bind(name)
-                        .fetch_optional(c)
-                        .await?;
-                    row.map(|r| lease_info(&r)).transpose()
-                })
-            })
-            .await
+        let rows = self
+            .run(timeout, "cannot read", || inspect_sql(name))
+            .await?;
+        rows.first()
+            .map(lease_info)
+            .transpose()
+            .map_err(|e| self.s.error("cannot read", &e))
     }
 }
 
@@ -352,25 +472,34 @@ impl StoreAdmin for PgStore {
         Some(SCHEMA)
     }
 
+    /// Look first and create only when missing, so that `init` on a
+    /// read-only server whose table exists succeeds.
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
-        self.s.d.table_checked = false;
         self.s.reset();
-        self.s
-            .call(timeout, "cannot use", |_| {
-                Box::pin(async { Ok(Init::Ready) })
-            })
-            .await
+        let rows = self
+            .run(timeout, "cannot use", || Ok(EXISTS_SQL.to_string()))
+            .await?;
+        let there = rows
+            .first()
+            .and_then(|r| sqlx::Row::try_get::<i64, _>(r, 0).ok())
+            .unwrap_or(0)
+            != 0;
+        if !there {
+            self.run(timeout, "cannot use", || Ok(TABLE_SQL.to_string()))
+                .await
+                .map_err(missing_table)?;
+        }
+        Ok(Init::Ready)
     }
 
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.s
-            .call(timeout, "cannot read", |c| {
-                Box::pin(async move {
-                    let rows = sqlx::query(LIST_SQL).fetch_all(c).await?;
-                    rows.iter().map(lease_info).collect()
-                })
-            })
-            .await
+        let rows = self
+            .run(timeout, "cannot read", || Ok(LIST_SQL.to_string()))
+            .await?;
+        rows.iter()
+            .map(lease_info)
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.s.error("cannot read", &e))
     }
 
     async fn clear(
@@ -379,19 +508,13 @@ impl StoreAdmin for PgStore {
         epoch: Option<i64>,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        let name = name.to_string();
-        self.s
-            .call(timeout, "cannot release in", move |c| {
-                Box::pin(async move {
-                    let row = sqlx::query(CLEAR_SQL)
-                        .bind(name)
-                        .bind(epoch)
-                        .fetch_optional(c)
-                        .await?;
-                    row.map(|r| lease_info(&r)).transpose()
-                })
-            })
-            .await
+        let rows = self
+            .run(timeout, "cannot release in", || clear_sql(name, epoch))
+            .await?;
+        rows.first()
+            .map(lease_info)
+            .transpose()
+            .map_err(|e| self.s.error("cannot release in", &e))
     }
 }
 
@@ -403,7 +526,7 @@ mod tests {
     #[test]
     fn release_and_clear_notify_the_channel_waiters_listen_on() {
         let notify = format!("pg_notify('{}', name)", super::super::push::PG_CHANNEL);
-        assert!(RELEASE_SQL.contains(&notify));
-        assert!(CLEAR_SQL.contains(&notify));
+        assert!(release_sql("n", "h", 1, 0).unwrap().contains(&notify));
+        assert!(clear_sql("n", None).unwrap().contains(&notify));
     }
 }

@@ -9,6 +9,7 @@ pub mod checker;
 pub mod etcd;
 pub mod mysql;
 pub mod pg;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod pty;
 pub mod redis;

@@ -60,7 +60,7 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
 }
 
 /// uid/gid to run the server as: ourselves, or `postgres`/`nobody` as root.
-fn server_owner() -> Option<(u32, u32)> {
+pub fn server_owner() -> Option<(u32, u32)> {
     if !nix::unistd::geteuid().is_root() {
         return None;
     }
@@ -311,6 +311,11 @@ impl Pg {
     }
 
     pub fn try_sql(&self, sql: &str) -> Result<String, String> {
+        self.try_sql_via(self.port, sql)
+    }
+
+    /// As `try_sql`, to another port (a pooler or a proxy in front).
+    pub fn try_sql_via(&self, port: u16, sql: &str) -> Result<String, String> {
         let out = Command::new(self.bin.join("psql"))
             .args([
                 "-X",
@@ -325,7 +330,7 @@ impl Pg {
                 "postgres",
             ])
             .arg("-p")
-            .arg(self.port.to_string())
+            .arg(port.to_string())
             .args(["-d", "postgres", "-c", sql])
             .env("PGPASSWORD", PASSWORD)
             .env("PGCONNECT_TIMEOUT", "5")
@@ -361,7 +366,7 @@ impl Pg {
     }
 }
 
-fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) {
+pub fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) {
     if let Some((uid, gid)) = owner {
         cmd.uid(uid).gid(gid);
         cmd.env("HOME", "/tmp");

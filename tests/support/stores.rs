@@ -5,6 +5,7 @@
 
 use std::any::Any;
 
+use super::pgbouncer::{Bouncer, Mode};
 use super::{etcd::Etcd, free_port, mysql::My, redis::Redis, Pg, TempDir};
 
 pub struct Server {
@@ -33,6 +34,36 @@ pub fn postgres() -> Server {
             pg.port
         )),
         guard: Box::new(pg),
+    }
+}
+
+/// Postgres behind PgBouncer in transaction pooling: every call may land
+/// on another server connection.
+pub fn pgbouncer_transaction() -> Server {
+    pgbouncer(Mode::Transaction)
+}
+
+pub fn pgbouncer_session() -> Server {
+    pgbouncer(Mode::Session)
+}
+
+fn pgbouncer(mode: Mode) -> Server {
+    let pg = Pg::start();
+    let b = Bouncer::start(&pg, mode);
+    Server {
+        url: b.url(),
+        dead_url: Some(format!(
+            "postgres://postgres:pw@127.0.0.1:{}/postgres?sslmode=disable",
+            free_port()
+        )),
+        // Refused by the pooler itself, which says so with the code of a
+        // broken link (08P01): it must still be told apart as will-not-heal.
+        refused_url: Some(format!(
+            "postgres://postgres:Wr0ng-pw@127.0.0.1:{}/postgres?sslmode=disable",
+            b.port
+        )),
+        // Dropped in order: the pooler, then the server behind it.
+        guard: Box::new((b, pg)),
     }
 }
 

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Start-up cost of one leaderrun run against its peers, side by side in one
+# hyperfine run (medians): `true`, `flock(1)`, `leaderrun -- true` on the
+# embedded store, on a local Postgres and through a local PgBouncer
+# (transaction pooling) in front of it, `etcdctl lock` on a local etcd.
+# Throwaway servers on free loopback ports in a temp dir; nothing else is
+# touched. Needs hyperfine, postgresql, pgbouncer, etcd-server and
+# etcd-client (Debian).
+#
+#   bench/startup.sh [BINARY…]     default: target/release/leaderrun
+#   RUNS=200 bench/startup.sh target/release/leaderrun /tmp/old/leaderrun
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+runs=${RUNS:-200}
+bins=("$@")
+[ ${#bins[@]} -gt 0 ] || bins=(target/release/leaderrun)
+for b in "${bins[@]}"; do [ -x "$b" ] || { echo "no binary $b (cargo build --release)" >&2; exit 2; }; done
+for t in hyperfine etcd etcdctl flock pgbouncer; do
+    command -v "$t" >/dev/null || { echo "bench: $t is missing (apt-get install -y hyperfine etcd-server etcd-client)" >&2; exit 2; }
+done
+pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+tmp=$(mktemp -d /tmp/leaderrun-bench.XXXXXX)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pids=()
+cleanup() {
+    # pgbouncer runs under su as root: its own pid, from its pidfile.
+    [ -s "$tmp/pgbouncer.pid" ] && kill "$(cat "$tmp/pgbouncer.pid")" 2>/dev/null
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    sleep 0.5; rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# Postgres: password (SCRAM) over TCP, as a remote client would connect.
+owner=$(id -un); [ "$(id -u)" = 0 ] && owner=postgres
+chown "$owner" "$tmp"
+echo bench-pw > "$tmp/pw"; chown "$owner" "$tmp/pw"
+as_owner() { if [ "$(id -u)" = 0 ]; then su "$owner" -s /bin/sh -c "$*"; else sh -c "$*"; fi; }
+as_owner "$pgbin/initdb -D $tmp/pg -U postgres --auth-local=trust --auth-host=scram-sha-256 --no-sync --pwfile=$tmp/pw" >/dev/null
+pgport=$(free_port)
+as_owner "exec $pgbin/postgres -D $tmp/pg -p $pgport -k $tmp -c listen_addresses=127.0.0.1 >$tmp/pg.log 2>&1" &
+pids+=($!)
+etcd_client=$(free_port) etcd_peer=$(free_port)
+etcd --name bench --data-dir "$tmp/etcd" \
+    --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
+    --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+    --initial-cluster "bench=http://127.0.0.1:$etcd_peer" >"$tmp/etcd.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+    PGPASSWORD=bench-pw "$pgbin/psql" -h 127.0.0.1 -p "$pgport" -U postgres -Atc 'select 1' postgres >/dev/null 2>&1 &&
+        ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$etcd_client" endpoint health >/dev/null 2>&1 && break
+    sleep 0.2
+done
+bport=$(free_port)
+echo '"postgres" "bench-pw"' > "$tmp/users"
+printf '[databases]\npostgres = host=127.0.0.1 port=%s dbname=postgres\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = %s\nunix_socket_dir =\nauth_type = scram-sha-256\nauth_file = %s\npool_mode = transaction\nlogfile = %s\npidfile = %s\n' \
+    "$pgport" "$bport" "$tmp/users" "$tmp/pgbouncer.log" "$tmp/pgbouncer.pid" > "$tmp/pgbouncer.ini"
+chown "$owner" "$tmp/users" "$tmp/pgbouncer.ini"
+as_owner "exec pgbouncer $tmp/pgbouncer.ini" >/dev/null 2>&1 &
+pids+=($!)
+sleep 0.5
+pg="postgres://postgres:bench-pw@127.0.0.1:$pgport/postgres?sslmode=disable"
+pgb="postgres://postgres:bench-pw@127.0.0.1:$bport/postgres?sslmode=disable"
+export LEADERRUN_STATE_DIR=$tmp/state ETCDCTL_API=3
+unset LEADERRUN_STORE DATABASE_URL
+
+cmds=(-n true true -n flock "flock $tmp/lock true")
+for b in "${bins[@]}"; do
+    "$b" --name warm -- true && "$b" --store "$pg" --name warm -- true # files and table exist
+    cmds+=(-n "embedded $b" "$b --name x -- true" -n "postgres $b" "$b --store $pg --name x -- true")
+    if "$b" --store "$pgb" --name warm -- true 2>/dev/null; then
+        cmds+=(-n "pgbouncer $b" "$b --store $pgb --name x -- true")
+    else
+        echo "bench: $b does not work through PgBouncer; no row for it" >&2
+    fi
+done
+cmds+=(-n "etcdctl lock" "etcdctl --endpoints 127.0.0.1:$etcd_client lock x true")
+uptime
+hyperfine -N --warmup 10 --runs "$runs" --export-json "$tmp/out.json" "${cmds[@]}" >/dev/null
+python3 - "$tmp/out.json" <<'PY'
+import json, sys
+res = json.load(open(sys.argv[1]))["results"]
+base = {r["command"]: r["median"] for r in res}
+print(f"{'command':<58} {'median':>9} {'mean':>9} {'x flock':>8} {'x etcdctl':>9}")
+for r in res:
+    print(f"{r['command']:<58} {r['median']*1e3:8.2f}ms {r['mean']*1e3:8.2f}ms"
+          f" {r['median']/base['flock']:8.2f} {r['median']/base['etcdctl lock']:9.2f}")
+PY
