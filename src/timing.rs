@@ -297,6 +297,14 @@ mod tests {
         })
         .unwrap();
         assert_eq!(t.renew_retry(), ms(100));
+        // A short R with room to spare: half of R is the cap.
+        let t = Timing::resolve(TimingArgs {
+            renew: s(2),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(t.call_cap(), ms(1000));
+        assert_eq!(t.renew_retry(), ms(2000));
         // A long R with little room: the call cap shrinks with the room.
         let t = Timing::resolve(TimingArgs {
             lease: s(20),
@@ -343,6 +351,31 @@ mod tests {
         assert!(parse_duration("18446744073709551615s").is_err());
         assert!(parse_duration("1000000000y").is_err());
         assert!(parse_duration("ten").is_err());
+    }
+
+    #[test]
+    fn a_week_is_the_longest_timing_flag() {
+        let week = Duration::from_secs(7 * 24 * 3600);
+        assert!(Timing::resolve(TimingArgs {
+            lease: Some(week),
+            ..Default::default()
+        })
+        .is_ok());
+        let e = Timing::resolve(TimingArgs {
+            lease: Some(week + Duration::from_nanos(1)),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("longer than the maximum (7days)"),
+            "{e}"
+        );
+        let e = Timing::resolve(TimingArgs {
+            retry: Some(week + Duration::from_secs(1)),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().starts_with("--retry"), "{e}");
     }
 
     #[test]
