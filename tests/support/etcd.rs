@@ -197,22 +197,11 @@ impl Etcd {
 
     /// Freeze (SIGSTOP) or thaw (SIGCONT) the server.
     pub fn freeze(&self, frozen: bool) {
-        if let Some(c) = &self.server {
-            let sig = if frozen {
-                nix::sys::signal::Signal::SIGSTOP
-            } else {
-                nix::sys::signal::Signal::SIGCONT
-            };
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
-        }
+        super::freeze_server(self.server.as_ref(), frozen, false);
     }
 
     pub fn stop(&mut self) {
-        self.freeze(false);
-        if let Some(mut c) = self.server.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        super::kill_server(&mut self.server, false);
     }
 }
 

@@ -310,3 +310,31 @@ pub fn wait_until_some<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Op
     });
     out.expect("checked")
 }
+
+/// SIGSTOP (`frozen`) or SIGCONT a server a test started: its process, or
+/// with `group` its whole process group (a server that forks helpers).
+pub fn freeze_server(server: Option<&Child>, frozen: bool, group: bool) {
+    use nix::sys::signal::{kill, killpg, Signal};
+    let Some(c) = server else { return };
+    let sig = if frozen {
+        Signal::SIGSTOP
+    } else {
+        Signal::SIGCONT
+    };
+    let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+    let _ = if group {
+        killpg(pid, sig)
+    } else {
+        kill(pid, sig)
+    };
+}
+
+/// Kill a server a test started at once (thawed first, so the kill is not
+/// held up by a stop), and reap it.
+pub fn kill_server(server: &mut Option<Child>, group: bool) {
+    freeze_server(server.as_ref(), false, group);
+    if let Some(mut c) = server.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

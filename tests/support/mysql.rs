@@ -261,25 +261,14 @@ impl My {
             .unwrap_or_else(|e| panic!("sql {sql:?} failed: {e}"))
     }
 
-    /// Kill the server at once, like a crash.
     /// Freeze (SIGSTOP) or thaw (SIGCONT) the server.
     pub fn freeze(&self, frozen: bool) {
-        if let Some(c) = &self.server {
-            let sig = if frozen {
-                nix::sys::signal::Signal::SIGSTOP
-            } else {
-                nix::sys::signal::Signal::SIGCONT
-            };
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(c.id() as i32), sig);
-        }
+        super::freeze_server(self.server.as_ref(), frozen, true);
     }
 
+    /// Kill the server at once, like a crash.
     pub fn crash(&mut self) {
-        self.freeze(false);
-        if let Some(mut c) = self.server.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        super::kill_server(&mut self.server, true);
     }
 }
 

@@ -289,14 +289,7 @@ impl Pg {
 
     /// Freeze (SIGSTOP) or thaw (SIGCONT) the whole server.
     pub fn freeze(&self, frozen: bool) {
-        if let Some(c) = &self.server {
-            let sig = if frozen {
-                nix::sys::signal::Signal::SIGSTOP
-            } else {
-                nix::sys::signal::Signal::SIGCONT
-            };
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(c.id() as i32), sig);
-        }
+        super::freeze_server(self.server.as_ref(), frozen, true);
     }
 
     pub fn url(&self) -> String {
