@@ -44,7 +44,7 @@ impl Etcd {
         need("etcdctl", "etcd-client");
         let dir = TempDir::new("etcd");
         if tls {
-            make_certs(&dir);
+            super::make_certs(dir.path());
         }
         let mut e = Etcd {
             port: 0,
@@ -237,73 +237,5 @@ fn ctl(
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     } else {
         Err(String::from_utf8_lossy(&out.stderr).to_string())
-    }
-}
-
-/// A CA and a server certificate for 127.0.0.1 it signs (rustls refuses a
-/// self-signed certificate used directly as the server's).
-fn make_certs(dir: &TempDir) {
-    std::fs::write(
-        dir.file("ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("ext");
-    let steps: [&[&str]; 3] = [
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=leaderrun test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-        ],
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            "ext",
-            "-out",
-            "server.crt",
-        ],
-    ];
-    for args in steps {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir.path())
-            .output()
-            .expect("openssl (Debian package `openssl`) is needed for the TLS test");
-        assert!(
-            out.status.success(),
-            "openssl: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
     }
 }

@@ -338,3 +338,73 @@ pub fn kill_server(server: &mut Option<Child>, group: bool) {
         let _ = c.wait();
     }
 }
+
+/// In `dir`: a CA (`ca.crt`) and a server certificate it signs (`server.crt`,
+/// `server.key`) for localhost and 127.0.0.1, for the TLS tests of every
+/// server (rustls refuses a self-signed certificate used directly as the
+/// server's). Needs the Debian package `openssl`.
+pub fn make_certs(dir: &Path) {
+    std::fs::write(
+        dir.join("ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("ext");
+    let steps: [&[&str]; 3] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=leaderrun test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+        ],
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "ext",
+            "-out",
+            "server.crt",
+        ],
+    ];
+    for args in steps {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl (Debian package `openssl`) is needed for the TLS test");
+        assert!(
+            out.status.success(),
+            "openssl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

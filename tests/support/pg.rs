@@ -124,68 +124,7 @@ impl Pg {
         );
         if tls {
             let (crt, key) = (dir.path().join("server.crt"), dir.path().join("server.key"));
-            // A CA and a server certificate it signs: rustls refuses a
-            // self-signed certificate used directly as the server's.
-            let d = dir.path();
-            std::fs::write(d.join("ext"), "subjectAltName=DNS:localhost\n").expect("ext");
-            let steps: [&[&str]; 3] = [
-                &[
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "rsa:2048",
-                    "-nodes",
-                    "-days",
-                    "1",
-                    "-subj",
-                    "/CN=leaderrun test CA",
-                    "-keyout",
-                    "ca.key",
-                    "-out",
-                    "ca.crt",
-                ],
-                &[
-                    "req",
-                    "-newkey",
-                    "rsa:2048",
-                    "-nodes",
-                    "-subj",
-                    "/CN=localhost",
-                    "-keyout",
-                    "server.key",
-                    "-out",
-                    "server.csr",
-                ],
-                &[
-                    "x509",
-                    "-req",
-                    "-in",
-                    "server.csr",
-                    "-CA",
-                    "ca.crt",
-                    "-CAkey",
-                    "ca.key",
-                    "-CAcreateserial",
-                    "-days",
-                    "1",
-                    "-extfile",
-                    "ext",
-                    "-out",
-                    "server.crt",
-                ],
-            ];
-            for args in steps {
-                let out = Command::new("openssl")
-                    .args(args)
-                    .current_dir(d)
-                    .output()
-                    .expect("openssl (Debian package `openssl`) is needed for the TLS test");
-                assert!(
-                    out.status.success(),
-                    "openssl: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
+            super::make_certs(dir.path());
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
                 .expect("chmod key");
