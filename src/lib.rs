@@ -8,6 +8,7 @@ pub mod cli;
 pub mod clock;
 pub mod elector;
 pub mod exit;
+pub mod fork;
 pub mod json;
 pub mod logging;
 pub mod names;

@@ -242,8 +242,6 @@ pub async fn run(cfg: RunConfig) -> i32 {
             return e.exit_code();
         }
     };
-    // Orphans of the command's tree come to leaderrun, not init (tree.rs).
-    crate::tree::become_subreaper();
     let clock = BootClock;
     let t = cfg.timing;
     let name = cfg.name.clone();
@@ -382,12 +380,14 @@ pub async fn run(cfg: RunConfig) -> i32 {
     let place = supervisor::Placement {
         cgroup: Cgroup::create(&format!("leaderrun-{}", std::process::id())),
         terminal: Terminal::attached(),
-        skip: watchdog.borrow().as_ref().map(Watchdog::pid),
         keep_hup_ignored: hup_ignored,
     };
     if let Some(w) = watchdog.borrow_mut().as_mut() {
         w.spawning(place.cgroup.as_ref());
     }
+    // Orphans of the command's tree come to leaderrun, not init (tree.rs);
+    // only now, so that the watchdog, started detached, was not adopted.
+    crate::tree::become_subreaper();
     let mut child = match supervisor::spawn(&cfg.command, &file, &env, place) {
         Ok(c) => c,
         Err(e) => {

@@ -8,7 +8,7 @@
 //! * in its own process group, so the *whole* group can be signalled (a shell
 //!   script's own children included), and in a cgroup of its own where one
 //!   can be made, so that descendants which leave the group are found too
-//!   (tree.rs). It joins the cgroup between fork and exec, before it can
+//!   (tree.rs). It starts inside the cgroup (fork.rs), before it can
 //!   start anything;
 //! * with `PR_SET_PDEATHSIG = SIGKILL`, so it dies with leaderrun even on
 //!   `kill -9`. Linux delivers that signal when the *thread* that forked the
@@ -30,10 +30,9 @@
 //! adopts, and it must see the command *stop* (job control), not only exit.
 
 use std::ffi::OsString;
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{ExitStatus, Stdio};
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -44,6 +43,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::clock::{Clock, Stamp};
 use crate::exit;
+use crate::fork::{self, Program};
 use crate::terminal::Terminal;
 use crate::tree::{Cgroup, Tree};
 
@@ -88,8 +88,6 @@ pub struct Placement {
     pub cgroup: Option<Cgroup>,
     /// The terminal to hand it, when leaderrun is in the foreground of one.
     pub terminal: Option<Terminal>,
-    /// A descendant of leaderrun that is not the command's: the watchdog.
-    pub skip: Option<Pid>,
     /// SIGHUP was ignored when leaderrun started (`nohup`): keep it so.
     pub keep_hup_ignored: bool,
 }
@@ -249,83 +247,30 @@ pub fn spawn(
         .first()
         .map(|a| a.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let Some((program, args)) = argv.split_first() else {
+    if argv.is_empty() {
         return Err(SpawnError::NotFound("(empty command)".into()));
-    };
+    }
     // Listen before the child exists, so that no SIGCHLD is missed.
     let sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
         .map_err(|e| SpawnError::NotExecutable(format!("cannot watch for the child: {e}")))?;
-    // A path with a slash is executed without a PATH search (execvp still
-    // runs a script without `#!` with /bin/sh, as before).
-    let mut cmd = std::process::Command::new(file);
-    cmd.arg0(program)
-        .args(args)
-        .stdin(Stdio::inherit())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .process_group(0);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    // leaderrun speaks to systemd for the unit; the child must not (its
-    // READY=1 would be taken as leaderrun's under NotifyAccess=all).
-    cmd.env_remove("NOTIFY_SOCKET");
-    let parent = nix::unistd::getpid();
-    let join = place.cgroup.as_ref().and_then(Cgroup::procs_for_join);
-    let join_fd = join.as_ref().map_or(-1, |f| f.as_raw_fd());
+    // The file check_command found, under the name the user gave; execvpe
+    // still runs a script without `#!` with /bin/sh, as before.
+    let prog = Program::new(file, argv, fork::command_env(env))
+        .map_err(|e| SpawnError::NotExecutable(format!("{shown}: {e}")))?;
     // The terminal is handed over only when leaderrun's job holds it.
     let tty_fd = place
         .terminal
         .filter(Terminal::is_ours)
         .map_or(-1, |t| t.fd());
-    let keep_hup = place.keep_hup_ignored;
-    // SAFETY: the closure runs between fork and exec in the child and calls
-    // only async-signal-safe functions (write, prctl, getppid, getpid,
-    // tcsetpgrp, sigaction, sigprocmask, kill); it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet};
-            if join_fd >= 0 {
-                // "0" moves the writing process. A failure is found by the
-                // parent (Cgroup::contains) and handled there.
-                nix::libc::write(join_fd, b"0".as_ptr().cast(), 1);
-            }
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            if nix::unistd::getppid() != parent {
-                // leaderrun is already gone: do not run unsupervised.
-                let _ = nix::sys::signal::raise(Signal::SIGKILL);
-            }
-            if tty_fd >= 0 {
-                // SIGTTOU is still ignored here (inherited from leaderrun).
-                let _ = nix::unistd::tcsetpgrp(
-                    std::os::fd::BorrowedFd::borrow_raw(tty_fd),
-                    nix::unistd::getpid(),
-                );
-            }
-            let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
-            for sig in Signal::iterator() {
-                if sig == Signal::SIGKILL || sig == Signal::SIGSTOP {
-                    continue;
-                }
-                if sig == Signal::SIGHUP && keep_hup {
-                    let ign = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
-                    let _ = sigaction(sig, &ign);
-                    continue;
-                }
-                let _ = sigaction(sig, &dfl);
-            }
-            nix::sys::signal::sigprocmask(
-                nix::sys::signal::SigmaskHow::SIG_SETMASK,
-                Some(&SigSet::empty()),
-                None,
-            )?;
-            Ok(())
-        });
-    }
-    let res = cmd.spawn();
-    drop(join);
-    let child = match res {
-        Ok(c) => c,
+    let parent = nix::unistd::getpid();
+    let setup = fork::Setup {
+        cgroup: place.cgroup.as_ref(),
+        tty_fd,
+        keep_hup_ignored: place.keep_hup_ignored,
+        parent,
+    };
+    let started = match fork::spawn(&prog, &setup) {
+        Ok(s) => s,
         Err(e) => {
             if let Some(cg) = &place.cgroup {
                 cg.remove();
@@ -344,11 +289,9 @@ pub fn spawn(
             });
         }
     };
-    let pid = Pid::from_raw(child.id() as i32);
-    // The std handle is dropped unwaited: reaping is done here (see above).
-    drop(child);
+    let pid = started.pid;
     let cgroup = place.cgroup.and_then(|cg| {
-        if cg.contains(pid) {
+        if started.in_cgroup {
             Some(cg)
         } else {
             cg.remove();
@@ -364,7 +307,7 @@ pub fn spawn(
             pgid: Some(pid),
             cgroup,
             root: Some(parent.as_raw()),
-            skip: place.skip.map(Pid::as_raw),
+            skip: None,
         },
         exited: None,
         stopped: false,

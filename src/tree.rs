@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -187,7 +187,8 @@ impl Cgroup {
     }
 
     /// `cgroup.procs`, opened for the child to write `0` into between fork
-    /// and exec, which moves the child before it can start anything.
+    /// and exec, which moves the child before it can start anything (where
+    /// clone3 cannot start it there: fork.rs).
     pub fn procs_for_join(&self) -> Option<OwnedFd> {
         let p = CString::new(
             self.dir
@@ -199,6 +200,21 @@ impl Cgroup {
         // SAFETY: open with a valid NUL-terminated path; the fd is owned
         // by the returned OwnedFd from here on.
         let fd = unsafe { nix::libc::open(p.as_ptr(), nix::libc::O_WRONLY | nix::libc::O_CLOEXEC) };
+        // SAFETY: a non-negative fd was just returned by open.
+        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The directory, opened for `clone3(CLONE_INTO_CGROUP)` (fork.rs).
+    pub fn dir_fd(&self) -> Option<OwnedFd> {
+        let p = CString::new(self.dir.clone().into_os_string().into_encoded_bytes()).ok()?;
+        // SAFETY: open with a valid NUL-terminated path; the fd is owned
+        // by the returned OwnedFd from here on.
+        let fd = unsafe {
+            nix::libc::open(
+                p.as_ptr(),
+                nix::libc::O_RDONLY | nix::libc::O_DIRECTORY | nix::libc::O_CLOEXEC,
+            )
+        };
         // SAFETY: a non-negative fd was just returned by open.
         (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
     }
@@ -299,9 +315,27 @@ impl Tree {
         {
             return true;
         }
-        self.root
-            .is_some_and(|root| !descendants(root, self.skip).is_empty())
+        self.root.is_some_and(|root| {
+            // leaderrun's own tree: with no child at all (the watchdog is
+            // none, fork.rs) it has no descendant either, and /proc, which
+            // may list thousands of processes, need not be read.
+            if root == std::process::id() as i32 && !has_children() {
+                return false;
+            }
+            !descendants(root, self.skip).is_empty()
+        })
     }
+}
+
+/// Whether this process has any child, running, stopped or not yet reaped.
+fn has_children() -> bool {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag};
+    let look = WaitPidFlag::WEXITED
+        | WaitPidFlag::WSTOPPED
+        | WaitPidFlag::WCONTINUED
+        | WaitPidFlag::WNOHANG
+        | WaitPidFlag::WNOWAIT;
+    !matches!(waitid(Id::All, look), Err(Errno::ECHILD))
 }
 
 /// Make this process the reaper of its orphaned descendants (see the
@@ -310,11 +344,6 @@ pub fn become_subreaper() {
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
         tracing::debug!("PR_SET_CHILD_SUBREAPER failed: {e}");
     }
-}
-
-/// Keep the fd of a cgroup's `cgroup.procs` for `pre_exec`: the raw number.
-pub fn raw(fd: &Option<OwnedFd>) -> i32 {
-    fd.as_ref().map_or(-1, |f| f.as_raw_fd())
 }
 
 #[cfg(test)]

@@ -18,7 +18,10 @@
 //!
 //! It is `/proc/self/exe` started again (a fork alone could not safely run
 //! a store client), with its orders on a pipe as its stdin: the store URL,
-//! which may hold a password, is never in its argv or environment. It runs
+//! which may hold a password, is never in its argv or environment (its argv
+//! holds leaderrun's pid). It is started detached (fork.rs), adopted by
+//! init rather than leaderrun, so that leaderrun, once its command exits,
+//! can tell it has no descendant left without reading `/proc`. It runs
 //! in a process group of its own with terminal and job-control signals
 //! ignored, so a Ctrl-C, a hangup or a SIGKILL to leaderrun's group does not
 //! reach it. It holds no store connection until it must release, and sleeps
@@ -30,13 +33,11 @@
 //! it too long.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use nix::fcntl::OFlag;
-use nix::sys::signal::{signal, SigHandler, Signal};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use crate::clock::{boot_timer, boottime_now, Stamp};
@@ -151,7 +152,8 @@ impl Orders {
 
 /// leaderrun's handle on its watchdog.
 pub struct Watchdog {
-    pid: Pid,
+    /// Until `give`: the process being started, not yet known to run.
+    starting: Option<crate::fork::Detached>,
     pipe: Option<OwnedFd>,
 }
 
@@ -170,40 +172,33 @@ impl Watchdog {
     /// with the orders in the watchdog's pipe (§10).
     pub fn spawn(name: &str) -> std::io::Result<Watchdog> {
         let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-        let mut cmd = std::process::Command::new("/proc/self/exe");
-        cmd.arg0(format!("leaderrun-watchdog {name}"))
-            .arg(ARG)
-            .stdin(Stdio::from(rd))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .process_group(0);
-        // SAFETY: between fork and exec only sigaction is called, which is
-        // async-signal-safe; nothing is allocated.
-        unsafe {
-            cmd.pre_exec(|| {
-                // Ignored dispositions survive exec: the watchdog is deaf to
-                // the terminal, to job control and to signals meant for
-                // leaderrun. It ends when leaderrun tells it or dies.
-                for sig in [
-                    Signal::SIGINT,
-                    Signal::SIGQUIT,
-                    Signal::SIGTSTP,
-                    Signal::SIGTTIN,
-                    Signal::SIGTTOU,
-                    Signal::SIGHUP,
-                    Signal::SIGTERM,
-                    Signal::SIGUSR1,
-                    Signal::SIGUSR2,
-                ] {
-                    signal(sig, SigHandler::SigIgn)?;
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn()?;
-        let pid = Pid::from_raw(child.id() as i32);
+        let prog = crate::fork::Program::new(
+            std::path::Path::new("/proc/self/exe"),
+            &[
+                format!("leaderrun-watchdog {name}").into(),
+                ARG.into(),
+                std::process::id().to_string().into(),
+            ],
+            std::env::vars_os(),
+        )?;
+        // Ignored dispositions survive exec: the watchdog is deaf to the
+        // terminal, to job control and to signals meant for leaderrun. It
+        // ends when leaderrun tells it or dies.
+        let deaf = [
+            Signal::SIGINT,
+            Signal::SIGQUIT,
+            Signal::SIGTSTP,
+            Signal::SIGTTIN,
+            Signal::SIGTTOU,
+            Signal::SIGHUP,
+            Signal::SIGTERM,
+            Signal::SIGUSR1,
+            Signal::SIGUSR2,
+        ]
+        .map(|s| s as i32);
+        let starting = crate::fork::spawn_detached(&prog, rd.as_raw_fd(), &deaf)?;
         Ok(Watchdog {
-            pid,
+            starting: Some(starting),
             pipe: Some(wr),
         })
     }
@@ -211,6 +206,9 @@ impl Watchdog {
     /// Hand a started watchdog its orders. An error means leaderrun must
     /// not start the command.
     pub fn give(mut self, orders: &Orders) -> std::io::Result<Watchdog> {
+        if let Some(s) = self.starting.take() {
+            s.confirm()?;
+        }
         let w = &mut self;
         // The orders fit in the pipe's buffer; write them while the pipe is
         // still blocking, then make it non-blocking for the updates.
@@ -221,10 +219,6 @@ impl Watchdog {
             nix::fcntl::fcntl(p.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(fl))?;
         }
         Ok(self)
-    }
-
-    pub fn pid(&self) -> Pid {
-        self.pid
     }
 
     fn send_blocking(&mut self, msg: &str) -> std::io::Result<()> {
@@ -389,7 +383,8 @@ impl State {
                         root: Some(self.leaderrun),
                         skip: Some(self.me),
                     });
-                    self.look();
+                    // No look yet: the command has only just started, and
+                    // it is in its group. The first renewal takes one.
                 }
             }
             Some("deadline") => {
@@ -540,6 +535,16 @@ fn read_lines(buf: &mut Vec<u8>, lines: &mut Vec<String>) -> bool {
 
 /// The watchdog process: `leaderrun --be-watchdog`, orders on stdin.
 pub fn main() -> i32 {
+    // leaderrun's pid, from argv: the watchdog is started detached (fork.rs),
+    // so it is not leaderrun's child.
+    let Some(leaderrun) = std::env::args()
+        .nth(2)
+        .and_then(|p| p.parse::<i32>().ok())
+        .filter(|p| *p > 1)
+    else {
+        crate::stderr::line("error: --be-watchdog is internal to leaderrun");
+        return crate::exit::USAGE;
+    };
     let mut buf = Vec::new();
     let mut lines = Vec::new();
     let mut open = true;
@@ -576,7 +581,7 @@ pub fn main() -> i32 {
         stopping: false,
         termed: false,
         killed: false,
-        leaderrun: nix::unistd::getppid().as_raw(),
+        leaderrun,
         me: std::process::id() as i32,
     };
     for l in &later {

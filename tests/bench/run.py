@@ -175,26 +175,16 @@ def stop(p):
             p.wait()
 
 
-def children(pid):
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                st = open(f"/proc/{d}/stat").read()
-                if int(st.rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(d))
-            except (FileNotFoundError, ProcessLookupError, IndexError):
-                pass
-    return out
-
-
 def watchdog_of(pid):
-    for c in children(pid):
-        try:
-            if b"--be-watchdog" in open(f"/proc/{c}/cmdline", "rb").read():
-                return c
-        except FileNotFoundError:
-            pass
+    # Started detached, it is not leaderrun's child: found by `--be-watchdog PID`.
+    for c in os.listdir("/proc"):
+        if c.isdigit():
+            try:
+                args = open(f"/proc/{c}/cmdline", "rb").read().split(b"\0")
+                if args[1:3] == [b"--be-watchdog", str(pid).encode()]:
+                    return int(c)
+            except (FileNotFoundError, ProcessLookupError):
+                pass
     return None
 
 

@@ -284,11 +284,21 @@ pub fn child_groups(ppid: u32) -> Vec<i32> {
 
 /// The watchdog process of the leaderrun with pid `lr`, found by its argv.
 pub fn watchdog_of(lr: u32) -> Option<i32> {
-    child_groups(lr).into_iter().find(|pid| {
-        std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|c| c.split(|b| *b == 0).any(|a| a == b"--be-watchdog"))
-            .unwrap_or(false)
-    })
+    // Started detached, the watchdog is not leaderrun's child: it is found
+    // by the pid leaderrun passes it (`--be-watchdog PID`).
+    let want = lr.to_string();
+    let dir = std::fs::read_dir("/proc").ok()?;
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                    args.get(1) == Some(&&b"--be-watchdog"[..])
+                        && args.get(2) == Some(&want.as_bytes())
+                })
+                .unwrap_or(false)
+        })
 }
 
 /// `kill -9` of a leaderrun *and* its watchdog: a holder gone without a

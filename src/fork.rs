@@ -1,0 +1,362 @@
+//! Creating processes: the command (forked straight into its cgroup where
+//! the kernel can, prepared, exec'd, and known to have exec'd) and the
+//! watchdog (started detached, so that it is no descendant of leaderrun).
+//!
+//! std's `Command` cannot start a child inside a cgroup. The child would
+//! have to move itself by writing to `cgroup.procs` between fork and exec,
+//! and that write takes the cgroup hierarchy's thread-group lock for
+//! writing, which waits for an RCU grace period: 5–15 ms on every run of a
+//! command that lasts milliseconds. `clone3(CLONE_INTO_CGROUP)` (Linux 5.7)
+//! creates the child in the cgroup instead, under the read side of that
+//! lock. Where clone3 is refused (an older kernel, a seccomp filter that
+//! answers ENOSYS or EPERM), the child is forked and moves itself as before.
+//!
+//! Between fork and exec the child is a copy of a multi-threaded process: it
+//! may only make async-signal-safe calls, so everything it needs (paths,
+//! argv, envp) is built before the fork, and nothing in the child allocates.
+//! A raw clone3 also bypasses the C library's fork bookkeeping (its cached
+//! thread id is the parent's), so the child signals itself with `kill` on
+//! its own pid, never `raise`.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::libc;
+use nix::unistd::Pid;
+
+use crate::tree::Cgroup;
+
+/// The program to execute, as the C strings the child passes to exec.
+pub struct Program {
+    file: CString,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+}
+
+impl Program {
+    /// `file` run with `argv` (whose first element the program sees as its
+    /// name) and exactly the environment `env`.
+    pub fn new(
+        file: &Path,
+        argv: &[OsString],
+        env: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> std::io::Result<Program> {
+        let c = |b: &[u8]| {
+            CString::new(b).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "an argument or environment variable holds a NUL byte",
+                )
+            })
+        };
+        let argv = argv
+            .iter()
+            .map(|a| c(a.as_bytes()))
+            .collect::<Result<_, _>>()?;
+        let envp = env
+            .into_iter()
+            .map(|(k, v)| {
+                let mut kv = k.into_encoded_bytes();
+                kv.push(b'=');
+                kv.extend_from_slice(v.as_bytes());
+                c(&kv)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Program {
+            file: c(file.as_os_str().as_bytes())?,
+            argv,
+            envp,
+        })
+    }
+}
+
+/// What the child does before exec, beyond leading a process group of its
+/// own (supervisor.rs says why each step is there).
+pub struct Setup<'a> {
+    pub cgroup: Option<&'a Cgroup>,
+    /// The terminal to take the foreground of, or -1.
+    pub tty_fd: RawFd,
+    /// Leave SIGHUP ignored (`nohup`); every other signal goes to default.
+    pub keep_hup_ignored: bool,
+    /// leaderrun: the child must not run on once it is gone.
+    pub parent: Pid,
+}
+
+/// A started command: its pid, and whether it started inside the cgroup
+/// (false: no cgroup asked for, or the child failed to move into it).
+pub struct Started {
+    pub pid: Pid,
+    pub in_cgroup: bool,
+}
+
+/// `struct clone_args` of the kernel's ABI, up to `cgroup` (version 2).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Start `prog` as `setup` says. An error means no command runs: either no
+/// child was created, or it failed before or at exec and has been reaped.
+pub fn spawn(prog: &Program, setup: &Setup<'_>) -> std::io::Result<Started> {
+    let mut argv: Vec<*const libc::c_char> = prog.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = prog.envp.iter().map(|e| e.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let (err_rd, err_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let dir = setup.cgroup.and_then(Cgroup::dir_fd);
+
+    // SAFETY: in the child (pid 0) only `child` runs, which makes
+    // async-signal-safe calls on memory prepared above and never returns.
+    let mut placed = false;
+    let mut pid = -1;
+    if let Some(d) = &dir {
+        let mut args = CloneArgs {
+            flags: CLONE_INTO_CGROUP,
+            exit_signal: libc::SIGCHLD as u64,
+            cgroup: d.as_raw_fd() as u64,
+            ..CloneArgs::default()
+        };
+        // SAFETY: clone3 without CLONE_VM is fork; the struct outlives the
+        // call and its size is passed with it.
+        pid = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &mut args as *mut CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        } as i32;
+        if pid == 0 {
+            // SAFETY: see `child`.
+            unsafe { child(prog, &argv, &envp, setup, -1, err_wr.as_raw_fd()) }
+        }
+        placed = pid > 0;
+    }
+    let mut join = None;
+    if pid < 0 {
+        // No cgroup, or clone3 refused: fork, and let the child move itself.
+        join = setup.cgroup.and_then(Cgroup::procs_for_join);
+        let join_fd = join.as_ref().map_or(-1, |f| f.as_raw_fd());
+        // SAFETY: as above; the C library's fork keeps its own state sane.
+        pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: see `child`.
+            unsafe { child(prog, &argv, &envp, setup, join_fd, err_wr.as_raw_fd()) }
+        }
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    drop((err_wr, join, dir));
+    let pid = Pid::from_raw(pid);
+    // The write end closes at exec (CLOEXEC) or carries the errno of a
+    // failed one: a successful start reads end-of-file.
+    let mut buf = [0u8; 4];
+    let n = loop {
+        match nix::unistd::read(err_rd.as_raw_fd(), &mut buf) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other.unwrap_or(0),
+        }
+    };
+    if n == buf.len() {
+        let _ = nix::sys::wait::waitpid(pid, None);
+        return Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
+    }
+    let in_cgroup = placed || setup.cgroup.is_some_and(|cg| cg.contains(pid));
+    Ok(Started { pid, in_cgroup })
+}
+
+/// The child, from fork to exec; reports a failed exec's errno on `err`.
+///
+/// # Safety
+/// Only in the child of a fork or clone3 of this process. Every call here is
+/// async-signal-safe (setpgid, write, prctl, getppid, getpid, kill, ioctl,
+/// sigaction, sigprocmask, execvpe, _exit) and nothing allocates.
+unsafe fn child(
+    prog: &Program,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+    setup: &Setup<'_>,
+    join_fd: RawFd,
+    err: RawFd,
+) -> ! {
+    let fail = |e: i32| -> ! {
+        let b = e.to_ne_bytes();
+        libc::write(err, b.as_ptr().cast(), b.len());
+        libc::_exit(127)
+    };
+    let errno = || *libc::__errno_location();
+    if libc::setpgid(0, 0) != 0 {
+        fail(errno());
+    }
+    if join_fd >= 0 {
+        // "0" moves the writing process; a failure is found by the parent
+        // (Cgroup::contains) and handled there.
+        libc::write(join_fd, b"0".as_ptr().cast(), 1);
+    }
+    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+        fail(errno());
+    }
+    if libc::getppid() != setup.parent.as_raw() {
+        // leaderrun is already gone: do not run unsupervised.
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    if setup.tty_fd >= 0 {
+        // SIGTTOU is still ignored here (inherited from leaderrun).
+        libc::tcsetpgrp(setup.tty_fd, libc::getpid());
+    }
+    let mut act: libc::sigaction = std::mem::zeroed();
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        act.sa_sigaction = if sig == libc::SIGHUP && setup.keep_hup_ignored {
+            libc::SIG_IGN
+        } else {
+            libc::SIG_DFL
+        };
+        // Signals the C library reserves for itself refuse; that is fine.
+        libc::sigaction(sig, &act, std::ptr::null_mut());
+    }
+    let mut none: libc::sigset_t = std::mem::zeroed();
+    libc::sigemptyset(&mut none);
+    if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
+        fail(errno());
+    }
+    // execvpe: a file without `#!` is run with /bin/sh, as a shell would.
+    libc::execvpe(prog.file.as_ptr(), argv.as_ptr(), envp.as_ptr());
+    fail(errno())
+}
+
+/// leaderrun's environment for the command: its own, without
+/// `NOTIFY_SOCKET` (the command's READY=1 would count as leaderrun's under
+/// `NotifyAccess=all`), with `add` set over whatever was there.
+pub fn command_env(add: &[(&str, String)]) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| {
+            k != OsStr::new("NOTIFY_SOCKET") && !add.iter().any(|(a, _)| k == OsStr::new(a))
+        })
+        .collect();
+    env.extend(add.iter().map(|(k, v)| (k.into(), v.into())));
+    env
+}
+
+/// A process started by [`spawn_detached`], until [`Detached::confirm`].
+pub struct Detached {
+    /// The intermediate process, which exits as soon as it has forked.
+    middle: Pid,
+    /// Reads end-of-file once the exec succeeded, an errno if it failed.
+    status: OwnedFd,
+}
+
+/// Start `prog` through an intermediate process that exits at once, so that
+/// it is re-parented to init (or the nearest subreaper above leaderrun):
+/// not leaderrun's child, and so never among the descendants leaderrun must
+/// see gone before it releases (tree.rs, `Tree::alive`). It runs in a
+/// process group of its own, with `ignore` set to "ignore" (which survives
+/// exec), `stdin` as its standard input and /dev/null as its output.
+///
+/// This returns as soon as the intermediate is forked: the exec runs while
+/// leaderrun goes on. Call [`Detached::confirm`] before relying on it, and
+/// before leaderrun becomes a subreaper (or the process would be adopted by
+/// leaderrun after all).
+pub fn spawn_detached(prog: &Program, stdin: RawFd, ignore: &[i32]) -> std::io::Result<Detached> {
+    let mut argv: Vec<*const libc::c_char> = prog.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = prog.envp.iter().map(|e| e.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let (status_rd, status_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let null = c"/dev/null";
+    let err = status_wr.as_raw_fd();
+    // SAFETY: both children make only async-signal-safe calls (fork, _exit,
+    // setpgid, sigaction, open, dup2, execve, write) on memory prepared
+    // above, and never return.
+    let middle = unsafe { libc::fork() };
+    if middle == 0 {
+        unsafe {
+            match libc::fork() {
+                0 => {}
+                -1 => libc::_exit(1),
+                _ => libc::_exit(0),
+            }
+            let fail = || -> ! {
+                let b = (*libc::__errno_location()).to_ne_bytes();
+                libc::write(err, b.as_ptr().cast(), b.len());
+                libc::_exit(127)
+            };
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = libc::SIG_IGN;
+            for &sig in ignore {
+                libc::sigaction(sig, &act, std::ptr::null_mut());
+            }
+            // Both sources above 2 first, so that neither dup2 can clobber
+            // the other (leaderrun may have been started with 0 or 1 closed).
+            let input = libc::fcntl(stdin, libc::F_DUPFD_CLOEXEC, 3);
+            let out = libc::open(null.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            let out = if out < 0 {
+                out
+            } else {
+                libc::fcntl(out, libc::F_DUPFD_CLOEXEC, 3)
+            };
+            if libc::setpgid(0, 0) != 0
+                || input < 0
+                || out < 0
+                || libc::dup2(input, 0) < 0
+                || libc::dup2(out, 1) < 0
+            {
+                fail();
+            }
+            libc::execve(prog.file.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            fail()
+        }
+    }
+    if middle < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Detached {
+        middle: Pid::from_raw(middle),
+        status: status_rd,
+    })
+}
+
+impl Detached {
+    /// Wait until the process has been exec'd (or failed to be) and the
+    /// intermediate is reaped. Ok means the program runs.
+    pub fn confirm(self) -> std::io::Result<()> {
+        let mut buf = [0u8; 4];
+        let n = loop {
+            match nix::unistd::read(self.status.as_raw_fd(), &mut buf) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other.unwrap_or(0),
+            }
+        };
+        let middle = loop {
+            match nix::sys::wait::waitpid(self.middle, None) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other,
+            }
+        };
+        if n == buf.len() {
+            return Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
+        }
+        match middle {
+            Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
+            // The intermediate could not fork: nothing was started.
+            _ => Err(std::io::Error::other("the watchdog could not be forked")),
+        }
+    }
+}
