@@ -259,7 +259,7 @@ pub fn command_env(add: &[(&str, String)]) -> Vec<(OsString, OsString)> {
 pub struct Detached {
     /// The intermediate process, which exits as soon as it has forked.
     middle: Pid,
-    /// Reads end-of-file once the exec succeeded, an errno if it failed.
+    /// The pid, then end-of-file once the exec succeeded (or an errno).
     status: OwnedFd,
 }
 
@@ -288,13 +288,19 @@ pub fn spawn_detached(prog: &Program, stdin: RawFd, ignore: &[i32]) -> std::io::
     let middle = unsafe { libc::fork() };
     if middle == 0 {
         unsafe {
+            // The intermediate says the pid (positive), the process a
+            // failed exec's errno (negated); each write is atomic.
             match libc::fork() {
                 0 => {}
                 -1 => libc::_exit(1),
-                _ => libc::_exit(0),
+                pid => {
+                    let b = pid.to_ne_bytes();
+                    libc::write(err, b.as_ptr().cast(), b.len());
+                    libc::_exit(0)
+                }
             }
             let fail = || -> ! {
-                let b = (*libc::__errno_location()).to_ne_bytes();
+                let b = (-*libc::__errno_location()).to_ne_bytes();
                 libc::write(err, b.as_ptr().cast(), b.len());
                 libc::_exit(127)
             };
@@ -335,26 +341,31 @@ pub fn spawn_detached(prog: &Program, stdin: RawFd, ignore: &[i32]) -> std::io::
 
 impl Detached {
     /// Wait until the process has been exec'd (or failed to be) and the
-    /// intermediate is reaped. Ok means the program runs.
-    pub fn confirm(self) -> std::io::Result<()> {
+    /// intermediate is reaped. Ok is the pid of the running program.
+    pub fn confirm(self) -> std::io::Result<Pid> {
+        let (mut pid, mut errno) = (None, None);
         let mut buf = [0u8; 4];
-        let n = loop {
+        loop {
             match nix::unistd::read(self.status.as_raw_fd(), &mut buf) {
                 Err(nix::errno::Errno::EINTR) => continue,
-                other => break other.unwrap_or(0),
+                Ok(4) => match i32::from_ne_bytes(buf) {
+                    p if p > 0 => pid = Some(Pid::from_raw(p)),
+                    e => errno = Some(-e),
+                },
+                _ => break,
             }
-        };
+        }
         let middle = loop {
             match nix::sys::wait::waitpid(self.middle, None) {
                 Err(nix::errno::Errno::EINTR) => continue,
                 other => break other,
             }
         };
-        if n == buf.len() {
-            return Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
+        if let Some(e) = errno {
+            return Err(std::io::Error::from_raw_os_error(e));
         }
-        match middle {
-            Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
+        match (middle, pid) {
+            (Ok(nix::sys::wait::WaitStatus::Exited(_, 0)), Some(pid)) => Ok(pid),
             // The intermediate could not fork: nothing was started.
             _ => Err(std::io::Error::other("the watchdog could not be forked")),
         }

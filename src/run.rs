@@ -380,6 +380,7 @@ pub async fn run(cfg: RunConfig) -> i32 {
     let place = supervisor::Placement {
         cgroup: Cgroup::create(&format!("leaderrun-{}", std::process::id())),
         terminal: Terminal::attached(),
+        skip: watchdog.borrow().as_ref().and_then(Watchdog::pid),
         keep_hup_ignored: hup_ignored,
     };
     if let Some(w) = watchdog.borrow_mut().as_mut() {

@@ -88,6 +88,8 @@ pub struct Placement {
     pub cgroup: Option<Cgroup>,
     /// The terminal to hand it, when leaderrun is in the foreground of one.
     pub terminal: Option<Terminal>,
+    /// The watchdog, in case it is a descendant after all (tree.rs).
+    pub skip: Option<Pid>,
     /// SIGHUP was ignored when leaderrun started (`nohup`): keep it so.
     pub keep_hup_ignored: bool,
 }
@@ -307,7 +309,7 @@ pub fn spawn(
             pgid: Some(pid),
             cgroup,
             root: Some(parent.as_raw()),
-            skip: None,
+            skip: place.skip.map(Pid::as_raw),
         },
         exited: None,
         stopped: false,

@@ -317,8 +317,10 @@ impl Tree {
         }
         self.root.is_some_and(|root| {
             // leaderrun's own tree: with no child at all (the watchdog is
-            // none, fork.rs) it has no descendant either, and /proc, which
-            // may list thousands of processes, need not be read.
+            // started detached, fork.rs) it has no descendant either, and
+            // /proc, which may list thousands of processes, need not be
+            // read. (As init of a pid namespace leaderrun adopts its
+            // watchdog all the same: then it is `skip`.)
             if root == std::process::id() as i32 && !has_children() {
                 return false;
             }

@@ -154,6 +154,8 @@ impl Orders {
 pub struct Watchdog {
     /// Until `give`: the process being started, not yet known to run.
     starting: Option<crate::fork::Detached>,
+    /// Known once `give` confirmed the start.
+    pid: Option<Pid>,
     pipe: Option<OwnedFd>,
 }
 
@@ -199,6 +201,7 @@ impl Watchdog {
         let starting = crate::fork::spawn_detached(&prog, rd.as_raw_fd(), &deaf)?;
         Ok(Watchdog {
             starting: Some(starting),
+            pid: None,
             pipe: Some(wr),
         })
     }
@@ -207,7 +210,7 @@ impl Watchdog {
     /// not start the command.
     pub fn give(mut self, orders: &Orders) -> std::io::Result<Watchdog> {
         if let Some(s) = self.starting.take() {
-            s.confirm()?;
+            self.pid = Some(s.confirm()?);
         }
         let w = &mut self;
         // The orders fit in the pipe's buffer; write them while the pipe is
@@ -219,6 +222,12 @@ impl Watchdog {
             nix::fcntl::fcntl(p.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(fl))?;
         }
         Ok(self)
+    }
+
+    /// Where leaderrun is its reaper all the same (as pid 1 of a
+    /// container), the watchdog is among its descendants: to be skipped.
+    pub fn pid(&self) -> Option<Pid> {
+        self.pid
     }
 
     fn send_blocking(&mut self, msg: &str) -> std::io::Result<()> {
@@ -540,7 +549,7 @@ pub fn main() -> i32 {
     let Some(leaderrun) = std::env::args()
         .nth(2)
         .and_then(|p| p.parse::<i32>().ok())
-        .filter(|p| *p > 1)
+        .filter(|p| *p > 0)
     else {
         crate::stderr::line("error: --be-watchdog is internal to leaderrun");
         return crate::exit::USAGE;

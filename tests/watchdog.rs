@@ -423,3 +423,31 @@ fn the_store_url_is_in_no_argv_and_not_in_the_commands_environment() {
     signal(a.id(), Signal::SIGTERM);
     wait_exit(&mut a, 5 * SEC);
 }
+
+/// As pid 1 of a pid namespace (a container's entry point) leaderrun is the
+/// reaper of everything there, its detached watchdog included: the sweep
+/// after the command exits must not take the watchdog for something the
+/// command left behind (it would TERM it, wait `K`, and KILL it).
+#[test]
+fn as_init_of_a_pid_namespace_the_watchdog_is_not_swept() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: unshare --pid --mount-proc needs root");
+        return;
+    }
+    let dir = TempDir::new("wd-pidns");
+    let store = embedded(&dir);
+    let mut c = Command::new("unshare");
+    c.args(["--pid", "--fork", "--mount-proc"])
+        .arg(env!("CARGO_BIN_EXE_leaderrun"))
+        .args(["--store", &store, "--name", "ns"])
+        .args(L2)
+        .args(["--", "sh", "-c", "test $PPID = 1"])
+        .stdin(Stdio::null());
+    let out = run(c);
+    assert_eq!(out.code, Some(0), "not pid 1, or failed: {}", out.stderr);
+    assert!(
+        !out.stderr.contains("left processes behind"),
+        "the watchdog was swept as a leftover: {}",
+        out.stderr
+    );
+}
