@@ -84,6 +84,19 @@ pub fn proc_entry(pid: i32) -> Option<Proc> {
     parse_stat(pid, &String::from_utf8_lossy(&buf[..len]))
 }
 
+/// A procfs or cgroupfs file, whole. These report a size of 0, so
+/// `read_to_string` probes with 32 bytes and doubles: eight reads for
+/// mountinfo. A page-sized buffer takes most in one.
+fn read_small(path: impl AsRef<Path>) -> Option<String> {
+    use std::io::Read;
+    let mut s = String::with_capacity(4096);
+    std::fs::File::open(path)
+        .ok()?
+        .read_to_string(&mut s)
+        .ok()?;
+    Some(s)
+}
+
 /// Every process this process may see.
 pub fn proc_table() -> Vec<Proc> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -140,7 +153,7 @@ pub struct Cgroup {
 /// The cgroup v2 mount point, when this process sees one whose root is the
 /// hierarchy's root (so `/proc/self/cgroup` paths are relative to it).
 fn cgroup2_mount() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let info = read_small("/proc/self/mountinfo")?;
     info.lines().find_map(|l| {
         let (left, right) = l.split_once(" - ")?;
         if right.split_whitespace().next()? != "cgroup2" {
@@ -160,7 +173,7 @@ impl Cgroup {
     /// outside a delegated unit): the other mechanisms still apply.
     pub fn create(tag: &str) -> Option<Cgroup> {
         let mount = cgroup2_mount()?;
-        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let own = read_small("/proc/self/cgroup")?;
         let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
         let dir = mount.join(rel.trim_start_matches('/')).join(tag);
         match std::fs::create_dir(&dir) {
@@ -223,8 +236,7 @@ impl Cgroup {
     /// checked, not assumed).
     pub fn contains(&self, pid: Pid) -> bool {
         let want = self.dir.file_name();
-        std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .ok()
+        read_small(format!("/proc/{pid}/cgroup"))
             .and_then(|s| {
                 s.lines()
                     .find_map(|l| l.strip_prefix("0::"))
@@ -235,10 +247,8 @@ impl Cgroup {
 
     /// Any process (not zombie) still in the cgroup.
     pub fn populated(&self) -> bool {
-        match std::fs::read_to_string(self.dir.join("cgroup.events")) {
-            Ok(ev) => ev.lines().any(|l| l.trim() == "populated 1"),
-            Err(_) => false,
-        }
+        read_small(self.dir.join("cgroup.events"))
+            .is_some_and(|ev| ev.lines().any(|l| l.trim() == "populated 1"))
     }
 
     fn members(&self) -> Vec<Pid> {

@@ -74,6 +74,21 @@ for b in "${bins[@]}"; do
     fi
 done
 cmds+=(-n "etcdctl lock" "etcdctl --endpoints 127.0.0.1:$etcd_client lock x true")
+# Floors: what the store work alone costs from a C client, one process, no
+# command started. sqlite3(1) runs the embedded store's two write
+# transactions on a copy of leaderrun's own file; psql opens a connection as
+# leaderrun does (SCRAM over TCP) and runs one statement.
+if command -v sqlite3 >/dev/null; then
+    cp "$LEADERRUN_STATE_DIR/leases.db" "$tmp/floor.db"
+    q="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; BEGIN IMMEDIATE;
+       INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id) VALUES ('f', 'h', 1, 0, '')
+       ON CONFLICT (name) DO UPDATE SET epoch = epoch + 1 RETURNING epoch; COMMIT;
+       BEGIN IMMEDIATE; UPDATE leader_lease SET holder = NULL WHERE name = 'f'; COMMIT;"
+    cmds+=(-n "floor: sqlite3, the two transactions" "sqlite3 -batch $tmp/floor.db \"$q\"")
+else
+    echo "bench: sqlite3 is missing (apt-get install -y sqlite3); no floor row for the embedded store" >&2
+fi
+cmds+=(-n "floor: psql, connect and one statement" "$pgbin/psql -X -Atq -c 'select 1' $pg")
 uptime
 hyperfine -N --warmup 10 --runs "$runs" --export-json "$tmp/out.json" "${cmds[@]}" >/dev/null
 python3 - "$tmp/out.json" <<'PY'
