@@ -74,12 +74,14 @@ for b in "${bins[@]}"; do
     fi
 done
 cmds+=(-n "etcdctl lock" "etcdctl --endpoints 127.0.0.1:$etcd_client lock x true")
-# Floors: what the store work alone costs from a C client, one process, no
-# command started. sqlite3(1) runs the embedded store's two write
-# transactions on a copy of leaderrun's own file; psql opens a connection as
-# leaderrun does (SCRAM over TCP) and runs one statement.
+# Floors: what the store work alone costs from a C client, no command
+# started. sqlite3(1) runs the embedded store's two write transactions on a
+# copy of leaderrun's own file (one process each time, as leaderrun); for
+# Postgres, pgbench -C (libpq) connects as leaderrun does (SCRAM over TCP, no
+# TLS) and runs one statement per connection, below.
 if command -v sqlite3 >/dev/null; then
-    cp "$LEADERRUN_STATE_DIR/leases.db" "$tmp/floor.db"
+    # The table may still be in the WAL (leaderrun does not checkpoint at close).
+    sqlite3 "$LEADERRUN_STATE_DIR/leases.db" ".backup $tmp/floor.db"
     q="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; BEGIN IMMEDIATE;
        INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id) VALUES ('f', 'h', 1, 0, '')
        ON CONFLICT (name) DO UPDATE SET epoch = epoch + 1 RETURNING epoch; COMMIT;
@@ -88,7 +90,7 @@ if command -v sqlite3 >/dev/null; then
 else
     echo "bench: sqlite3 is missing (apt-get install -y sqlite3); no floor row for the embedded store" >&2
 fi
-cmds+=(-n "floor: psql, connect and one statement" "$pgbin/psql -X -Atq -c 'select 1' $pg")
+
 uptime
 hyperfine -N --warmup 10 --runs "$runs" --export-json "$tmp/out.json" "${cmds[@]}" >/dev/null
 python3 - "$tmp/out.json" <<'PY'
@@ -100,3 +102,8 @@ for r in res:
     print(f"{r['command']:<58} {r['median']*1e3:8.2f}ms {r['mean']*1e3:8.2f}ms"
           f" {r['median']/base['flock']:8.2f} {r['median']/base['etcdctl lock']:9.2f}")
 PY
+echo "floor: pgbench -C, one connection and one statement per transaction ($runs, means):"
+echo 'select 1;' > "$tmp/one.sql"
+PGSSLMODE=disable PGGSSENCMODE=disable PGPASSWORD=bench-pw \
+    "$pgbin/pgbench" -n -C -t "$runs" -f "$tmp/one.sql" -h 127.0.0.1 -p "$pgport" -U postgres postgres 2>&1 |
+    grep -E '^(latency average|average connection time)'
