@@ -19,6 +19,7 @@ use crate::timing::{Timing, TimingArgs};
 use crate::tree::Cgroup;
 use crate::watchdog::{self, Orders, Watchdog};
 use crate::{exit, logging, names, signals};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Everything the run form needs, validated.
 pub struct RunConfig {
@@ -221,6 +222,7 @@ impl Observer for Observers {
     }
 }
 
+/// The run form, start to finish: the story; each step is a method below.
 pub async fn run(cfg: RunConfig) -> i32 {
     // Whether `nohup` (or anything else) set SIGHUP to "ignore": it stays
     // so, for leaderrun and for the command.
@@ -242,293 +244,414 @@ pub async fn run(cfg: RunConfig) -> i32 {
             return e.exit_code();
         }
     };
-    let clock = BootClock;
-    let t = cfg.timing;
-    let name = cfg.name.clone();
-    tracing::info!(
-        event = "store",
-        "store {}; holder {}",
-        cfg.store.describe(),
-        cfg.holder
-    );
-    let wakeups = if cfg.push { cfg.store.wakeups() } else { None };
-    let mut elector = Elector::new(cfg.store, clock, cfg.name, cfg.holder.clone(), t);
-    if let Some(w) = wakeups {
-        elector.push(w);
-    }
-    let report = Reporter::new(&name, cfg.metrics_file.clone()).shared();
-    let watchdog: Rc<RefCell<Option<Watchdog>>> = Rc::default();
-    elector.observe(Box::new(Observers {
-        report: report::Shared(report.clone()),
-        watchdog: watchdog.clone(),
-        give_up: t.give_up,
-    }));
-    report.borrow_mut().starting();
-
+    let mut r = Run::new(cfg);
     // Try-once: the watchdog's exec and start-up run while the acquire is
     // in flight (a connect, a round trip); it gets its orders only once the
     // lease is ours. A waiting standby starts it on acquiring instead, so
     // that standbys stay one process each.
-    let mut early = if cfg.wait {
+    let early = if r.wait {
         None
     } else {
-        Watchdog::spawn(&name).ok()
+        Watchdog::spawn(&r.name).ok()
     };
-    let mut lease = match elector
-        .wait_for_lease(cfg.wait, cfg.timeout, &mut signals)
+    let mut lease = match r
+        .elector
+        .wait_for_lease(r.wait, r.timeout, &mut signals)
         .await
     {
         Waited::Acquired(l) => l,
-        Waited::Held(info) => {
-            match info {
-                Some(i) => tracing::info!(
-                    event = "held",
-                    "{}; not running the command",
-                    describe_held(&i)
-                ),
-                None => tracing::info!(
-                    event = "held",
-                    "lease {name} is held elsewhere; not running the command"
-                ),
-            }
-            return cfg.conflict_exit_code;
-        }
-        Waited::TimedOut => {
-            let waited = cfg.timeout.unwrap_or_default();
-            tracing::warn!(
-                event = "timeout",
-                "--timeout ({}) passed without leading {name}",
-                humantime::format_duration(waited)
-            );
-            return exit::TIMEOUT;
-        }
-        Waited::Interrupted(sig) => {
-            tracing::info!(
-                event = "interrupted",
-                "{sig} while waiting for lease {name}; the command was not started"
-            );
-            return exit::for_signal(sig as i32);
-        }
-        Waited::Failed(e) => {
-            tracing::error!(event = "store_error", "{e}");
-            return exit::FAILURE;
-        }
+        other => return r.not_leading(other),
     };
-    tracing::info!(
-        event = "acquired",
-        epoch = lease.epoch,
-        "acquired lease {name}"
-    );
-    report.borrow_mut().acquired(lease.epoch);
-    logging::set_epoch(lease.epoch);
+    r.acquired(&lease);
+    if let Err(code) = r.arm_watchdog(&lease, early).await {
+        return code;
+    }
+    let mut child = match r.start_command(&lease, &file, hup_ignored).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match r.supervise(&mut lease, &mut child, &mut signals).await {
+        End::Exited(st) => r.after_exit(&lease, &mut child, st).await,
+        End::Lost(lost) => r.after_loss(&lease, &mut child, lost, &mut signals).await,
+        End::Stepped => r.after_term(&lease, &mut child, &mut signals).await,
+    }
+}
 
-    // The second guard starts before the command does: from the command's
-    // first instant, either process stops it on time (docs/contract.md §10).
-    let orders = Orders {
-        store: cfg.store_arg.clone(),
-        origin: cfg.store_origin,
-        name: name.clone(),
-        holder: cfg.holder.clone(),
-        epoch: lease.epoch,
-        lease: t.lease,
-        give_up: t.give_up,
-        kill_after: t.kill_after,
-        min_hold: cfg.min_hold,
-        acquired_at: lease.acquired_at,
-        deadline: lease.sent + t.give_up,
-        verbose: cfg.log.0,
-        quiet: cfg.log.1,
-        json: cfg.log.2,
-    };
-    let started = match early.take() {
-        Some(w) => w.give(&orders),
-        None => Watchdog::start(&orders),
-    };
-    match started {
-        Ok(w) => *watchdog.borrow_mut() = Some(w),
-        Err(e) => {
-            tracing::error!(
-                event = "watchdog_failed",
-                "cannot start the watchdog ({e}); not running the command"
-            );
-            elector.release(&lease, None).await;
-            return exit::FAILURE;
+/// What the run form holds from acquiring to exiting.
+struct Run {
+    name: String,
+    holder: String,
+    t: Timing,
+    clock: BootClock,
+    wait: bool,
+    timeout: Option<Duration>,
+    min_hold: Option<Duration>,
+    max_term: Option<Duration>,
+    conflict_exit_code: i32,
+    command: Vec<OsString>,
+    store_arg: Option<String>,
+    store_origin: crate::store::Origin,
+    log: (u8, bool, bool),
+    elector: Elector<AnyStore, BootClock>,
+    report: Rc<RefCell<Reporter>>,
+    watchdog: Rc<RefCell<Option<Watchdog>>>,
+}
+
+impl Run {
+    fn new(cfg: RunConfig) -> Run {
+        let clock = BootClock;
+        let t = cfg.timing;
+        tracing::info!(
+            event = "store",
+            "store {}; holder {}",
+            cfg.store.describe(),
+            cfg.holder
+        );
+        let wakeups = if cfg.push { cfg.store.wakeups() } else { None };
+        let mut elector = Elector::new(cfg.store, clock, cfg.name.clone(), cfg.holder.clone(), t);
+        if let Some(w) = wakeups {
+            elector.push(w);
+        }
+        let report = Reporter::new(&cfg.name, cfg.metrics_file.clone()).shared();
+        let watchdog: Rc<RefCell<Option<Watchdog>>> = Rc::default();
+        elector.observe(Box::new(Observers {
+            report: report::Shared(report.clone()),
+            watchdog: watchdog.clone(),
+            give_up: t.give_up,
+        }));
+        report.borrow_mut().starting();
+        Run {
+            name: cfg.name,
+            holder: cfg.holder,
+            t,
+            clock,
+            wait: cfg.wait,
+            timeout: cfg.timeout,
+            min_hold: cfg.min_hold,
+            max_term: cfg.max_term,
+            conflict_exit_code: cfg.conflict_exit_code,
+            command: cfg.command,
+            store_arg: cfg.store_arg,
+            store_origin: cfg.store_origin,
+            log: cfg.log,
+            elector,
+            report,
+            watchdog,
         }
     }
-    let finish = |w: &Rc<RefCell<Option<Watchdog>>>| {
-        if let Some(w) = w.borrow_mut().take() {
+
+    /// The exit status when the lease was not had.
+    fn not_leading(&self, w: Waited<nix::sys::signal::Signal>) -> i32 {
+        let name = &self.name;
+        match w {
+            Waited::Acquired(_) => exit::FAILURE,
+            Waited::Held(info) => {
+                match info {
+                    Some(i) => tracing::info!(
+                        event = "held",
+                        "{}; not running the command",
+                        describe_held(&i)
+                    ),
+                    None => tracing::info!(
+                        event = "held",
+                        "lease {name} is held elsewhere; not running the command"
+                    ),
+                }
+                self.conflict_exit_code
+            }
+            Waited::TimedOut => {
+                let waited = self.timeout.unwrap_or_default();
+                tracing::warn!(
+                    event = "timeout",
+                    "--timeout ({}) passed without leading {name}",
+                    humantime::format_duration(waited)
+                );
+                exit::TIMEOUT
+            }
+            Waited::Interrupted(sig) => {
+                tracing::info!(
+                    event = "interrupted",
+                    "{sig} while waiting for lease {name}; the command was not started"
+                );
+                exit::for_signal(sig as i32)
+            }
+            Waited::Failed(e) => {
+                tracing::error!(event = "store_error", "{e}");
+                exit::FAILURE
+            }
+        }
+    }
+
+    fn acquired(&self, lease: &Lease) {
+        tracing::info!(
+            event = "acquired",
+            epoch = lease.epoch,
+            "acquired lease {}",
+            self.name
+        );
+        self.report.borrow_mut().acquired(lease.epoch);
+        logging::set_epoch(lease.epoch);
+    }
+
+    /// The second guard starts before the command does: from the command's
+    /// first instant, either process stops it on time (docs/contract.md §10).
+    /// Err is the exit status: the command must not start.
+    async fn arm_watchdog(&mut self, lease: &Lease, early: Option<Watchdog>) -> Result<(), i32> {
+        let t = self.t;
+        let orders = Orders {
+            store: self.store_arg.clone(),
+            origin: self.store_origin,
+            name: self.name.clone(),
+            holder: self.holder.clone(),
+            epoch: lease.epoch,
+            lease: t.lease,
+            give_up: t.give_up,
+            kill_after: t.kill_after,
+            min_hold: self.min_hold,
+            acquired_at: lease.acquired_at,
+            deadline: lease.sent + t.give_up,
+            verbose: self.log.0,
+            quiet: self.log.1,
+            json: self.log.2,
+        };
+        let started = match early {
+            Some(w) => w.give(&orders),
+            None => Watchdog::start(&orders),
+        };
+        match started {
+            Ok(w) => {
+                *self.watchdog.borrow_mut() = Some(w);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(
+                    event = "watchdog_failed",
+                    "cannot start the watchdog ({e}); not running the command"
+                );
+                self.elector.release(lease, None).await;
+                Err(exit::FAILURE)
+            }
+        }
+    }
+
+    /// The watchdog's work is over: everything the command started is gone.
+    fn finish_watchdog(&self) {
+        if let Some(w) = self.watchdog.borrow_mut().take() {
             w.done();
         }
-    };
+    }
 
-    let env = [
-        ("LEASE_EPOCH", lease.epoch.to_string()),
-        ("LEASE_NAME", name.clone()),
-        ("LEASE_HOLDER", cfg.holder.clone()),
-    ];
-    // A freeze between the acquisition and this line must not start the
-    // command on a lease that may already have passed on.
-    if clock.now() >= lease.sent + t.give_up {
-        tracing::warn!(
-            event = "lost",
-            epoch = lease.epoch,
-            "lost lease {name} before the command started: past the give-up deadline (frozen?)"
-        );
-        finish(&watchdog);
-        return exit::LOST;
-    }
-    let place = supervisor::Placement {
-        cgroup: Cgroup::create(&format!("leaderrun-{}", std::process::id())),
-        terminal: Terminal::attached(),
-        skip: watchdog.borrow().as_ref().and_then(Watchdog::pid),
-        keep_hup_ignored: hup_ignored,
-    };
-    if let Some(w) = watchdog.borrow_mut().as_mut() {
-        w.spawning(place.cgroup.as_ref());
-    }
-    // Orphans of the command's tree come to leaderrun, not init (tree.rs);
-    // only now, so that the watchdog, started detached, was not adopted.
-    crate::tree::become_subreaper();
-    let mut child = match supervisor::spawn(&cfg.command, &file, &env, place) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(event = "spawn_failed", "{e}");
-            finish(&watchdog);
-            elector.release(&lease, None).await;
-            return e.exit_code();
+    /// Start the command on `lease`, in a cgroup of its own where one can be
+    /// made. Err is the exit status: no command runs.
+    async fn start_command(
+        &mut self,
+        lease: &Lease,
+        file: &std::path::Path,
+        hup_ignored: bool,
+    ) -> Result<supervisor::Child, i32> {
+        let name = &self.name;
+        let env = [
+            ("LEASE_EPOCH", lease.epoch.to_string()),
+            ("LEASE_NAME", name.clone()),
+            ("LEASE_HOLDER", self.holder.clone()),
+        ];
+        // A freeze between the acquisition and this line must not start the
+        // command on a lease that may already have passed on.
+        if self.clock.now() >= lease.sent + self.t.give_up {
+            tracing::warn!(
+                event = "lost",
+                epoch = lease.epoch,
+                "lost lease {name} before the command started: past the give-up deadline (frozen?)"
+            );
+            self.finish_watchdog();
+            return Err(exit::LOST);
         }
-    };
-    if let Some(w) = watchdog.borrow_mut().as_mut() {
-        w.child(nix::unistd::Pid::from_raw(child.pid()), child.cgroup());
+        let place = supervisor::Placement {
+            cgroup: Cgroup::create(&format!("leaderrun-{}", std::process::id())),
+            terminal: Terminal::attached(),
+            skip: self.watchdog.borrow().as_ref().and_then(Watchdog::pid),
+            keep_hup_ignored: hup_ignored,
+        };
+        if let Some(w) = self.watchdog.borrow_mut().as_mut() {
+            w.spawning(place.cgroup.as_ref());
+        }
+        // Orphans of the command's tree come to leaderrun, not init (tree.rs);
+        // only now, so that the watchdog, started detached, was not adopted.
+        crate::tree::become_subreaper();
+        let child = match supervisor::spawn(&self.command, file, &env, place) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(event = "spawn_failed", "{e}");
+                self.finish_watchdog();
+                self.elector.release(lease, None).await;
+                return Err(e.exit_code());
+            }
+        };
+        if let Some(w) = self.watchdog.borrow_mut().as_mut() {
+            w.child(nix::unistd::Pid::from_raw(child.pid()), child.cgroup());
+        }
+        tracing::debug!(event = "started", pid = child.pid(), "started the command");
+        Ok(child)
     }
-    tracing::debug!(event = "started", pid = child.pid(), "started the command");
 
-    let step_down = cfg.max_term.map(|m| lease.acquired_at + m);
-    let end = {
-        let hold = elector.hold(&mut lease);
+    /// Hold the lease while the command runs: until it exits, the lease is
+    /// lost or `--max-term` passes. Signals are passed on meanwhile.
+    async fn supervise(
+        &mut self,
+        lease: &mut Lease,
+        child: &mut supervisor::Child,
+        signals: &mut UnboundedReceiver<nix::sys::signal::Signal>,
+    ) -> End {
+        let clock = self.clock;
+        let step_down = self.max_term.map(|m| lease.acquired_at + m);
+        let hold = self.elector.hold(lease);
         tokio::pin!(hold);
         loop {
             tokio::select! {
                 biased;
-                lost = &mut hold => break End::Lost(lost),
+                lost = &mut hold => return End::Lost(lost),
                 _ = async {
                     match step_down {
                         Some(at) => clock.sleep_until(at).await,
                         None => std::future::pending().await,
                     }
-                } => break End::Stepped,
-                st = child.wait() => break End::Exited(st),
+                } => return End::Stepped,
+                st = child.wait() => return End::Exited(st),
                 Some(sig) = signals.recv() => {
                     tracing::info!(event = "signal", "passing {sig} to the command's process group");
                     child.signal(sig);
                 }
             }
         }
-    };
+    }
 
-    match end {
-        End::Exited(st) => {
-            // Anything the child left behind dies before the lease could
-            // pass on: the same G + K arithmetic as a loss.
-            let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
-            let gone = child.sweep(&clock, kill_at).await;
-            child.cleanup();
-            finish(&watchdog);
-            let code = status_code(st);
-            tracing::info!(
-                event = "exited",
+    /// The command exited: anything it left behind dies before the lease
+    /// could pass on (the same G + K arithmetic as a loss), then release.
+    async fn after_exit(
+        &mut self,
+        lease: &Lease,
+        child: &mut supervisor::Child,
+        st: ExitStatus,
+    ) -> i32 {
+        let (t, clock) = (self.t, self.clock);
+        let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
+        let gone = child.sweep(&clock, kill_at).await;
+        child.cleanup();
+        self.finish_watchdog();
+        let code = status_code(st);
+        tracing::info!(
+            event = "exited",
+            epoch = lease.epoch,
+            "command exited with status {code}"
+        );
+        if gone {
+            self.elector.release(lease, self.min_hold).await;
+        } else {
+            tracing::warn!(
+                event = "release_failed",
                 epoch = lease.epoch,
-                "command exited with status {code}"
+                "processes the command started survive SIGKILL; the lease is left to expire"
             );
-            if gone {
-                elector.release(&lease, cfg.min_hold).await;
-            } else {
-                tracing::warn!(
-                    event = "release_failed",
-                    epoch = lease.epoch,
-                    "processes the command started survive SIGKILL; the lease is left to expire"
-                );
-            }
-            report.borrow_mut().released();
-            code
         }
-        End::Lost(lost) => {
-            tracing::warn!(
-                event = "lost",
-                epoch = lease.epoch,
-                "lost lease {name}: {}; stopping the command",
-                lost.reason
-            );
-            report.borrow_mut().lost();
-            if let Some(w) = watchdog.borrow_mut().as_mut() {
-                w.stopping();
+        self.report.borrow_mut().released();
+        code
+    }
+
+    /// The lease was lost: stop everything, exit 75. No release: the lease
+    /// is either someone else's or ours only until it expires, at most
+    /// L - G - K from now, and a store we could not renew with would only
+    /// delay the exit.
+    async fn after_loss(
+        &mut self,
+        lease: &Lease,
+        child: &mut supervisor::Child,
+        lost: Lost,
+        signals: &mut UnboundedReceiver<nix::sys::signal::Signal>,
+    ) -> i32 {
+        tracing::warn!(
+            event = "lost",
+            epoch = lease.epoch,
+            "lost lease {}: {}; stopping the command",
+            self.name,
+            lost.reason
+        );
+        self.report.borrow_mut().lost();
+        if let Some(w) = self.watchdog.borrow_mut().as_mut() {
+            w.stopping();
+        }
+        let (t, clock) = (self.t, self.clock);
+        let kill_at = (clock.now() + t.kill_after).min(lost.deadline + t.kill_after);
+        let (st, _) = child.stop(&clock, kill_at, signals).await;
+        child.cleanup();
+        self.finish_watchdog();
+        tracing::warn!(
+            event = "stopped",
+            epoch = lease.epoch,
+            "command stopped (status {}); exiting 75",
+            status_code(st)
+        );
+        exit::LOST
+    }
+
+    /// `--max-term` passed: stop the command as on a loss, release, and sit
+    /// out until a rival leads (or the lease would have expired).
+    async fn after_term(
+        &mut self,
+        lease: &Lease,
+        child: &mut supervisor::Child,
+        signals: &mut UnboundedReceiver<nix::sys::signal::Signal>,
+    ) -> i32 {
+        let name = self.name.clone();
+        let term = self.max_term.unwrap_or_default();
+        tracing::info!(
+            event = "max_term",
+            epoch = lease.epoch,
+            "led {name} for --max-term ({}); stopping the command to hand over",
+            humantime::format_duration(term)
+        );
+        if let Some(w) = self.watchdog.borrow_mut().as_mut() {
+            w.stopping();
+        }
+        // The stop path of a loss, with the deadlines of the lease we still
+        // hold: renewals stop here, so SIGKILL comes no later than the last
+        // renewal's G + K, before the lease could pass on.
+        let (t, clock) = (self.t, self.clock);
+        let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
+        let (st, gone) = child.stop(&clock, kill_at, signals).await;
+        child.cleanup();
+        self.finish_watchdog();
+        let released = gone && self.elector.release(lease, None).await;
+        self.report.borrow_mut().released();
+        let successor = if released {
+            // A signal (`systemctl stop`) ends the sit-out at once: the
+            // command is gone and the lease released already.
+            tokio::select! {
+                s = self.elector.sit_out(lease.epoch) => s,
+                Some(_) = signals.recv() => None,
             }
-            let kill_at = (clock.now() + t.kill_after).min(lost.deadline + t.kill_after);
-            let (st, _) = child.stop(&clock, kill_at, &mut signals).await;
-            child.cleanup();
-            finish(&watchdog);
-            tracing::warn!(
-                event = "stopped",
+        } else {
+            None
+        };
+        match successor {
+            Some(h) => tracing::info!(
+                event = "stepped_down",
                 epoch = lease.epoch,
-                "command stopped (status {}); exiting 75",
+                "command stopped (status {}); {} leads {name} now; exiting 75",
+                status_code(st),
+                crate::names::printable(&h)
+            ),
+            None => tracing::info!(
+                event = "stepped_down",
+                epoch = lease.epoch,
+                "command stopped (status {}); no one else took {name} over; exiting 75",
                 status_code(st)
-            );
-            // No release: after a loss the lease is either someone else's
-            // or ours only until it expires, at most L - G - K from now, and a
-            // store we could not renew with would only delay the exit.
-            exit::LOST
+            ),
         }
-        End::Stepped => {
-            let term = cfg.max_term.unwrap_or_default();
-            tracing::info!(
-                event = "max_term",
-                epoch = lease.epoch,
-                "led {name} for --max-term ({}); stopping the command to hand over",
-                humantime::format_duration(term)
-            );
-            if let Some(w) = watchdog.borrow_mut().as_mut() {
-                w.stopping();
-            }
-            // The stop path of a loss, with the deadlines of the lease we
-            // still hold: renewals stop here, so SIGKILL comes no later than
-            // the last renewal's G + K, before the lease could pass on.
-            let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
-            let (st, gone) = child.stop(&clock, kill_at, &mut signals).await;
-            child.cleanup();
-            finish(&watchdog);
-            let released = gone && elector.release(&lease, None).await;
-            report.borrow_mut().released();
-            let successor = if released {
-                // A signal (`systemctl stop`) ends the sit-out at once: the
-                // command is gone and the lease released already.
-                tokio::select! {
-                    s = elector.sit_out(lease.epoch) => s,
-                    Some(_) = signals.recv() => None,
-                }
-            } else {
-                None
-            };
-            match successor {
-                Some(h) => tracing::info!(
-                    event = "stepped_down",
-                    epoch = lease.epoch,
-                    "command stopped (status {}); {} leads {name} now; exiting 75",
-                    status_code(st),
-                    crate::names::printable(&h)
-                ),
-                None => tracing::info!(
-                    event = "stepped_down",
-                    epoch = lease.epoch,
-                    "command stopped (status {}); no one else took {name} over; exiting 75",
-                    status_code(st)
-                ),
-            }
-            // 75, as for a loss: in both cases leaderrun stopped a command
-            // that was still running because this process should no longer
-            // lead, and the caller should try again later (EX_TEMPFAIL); a
-            // unit or script written for 75 needs nothing new. The log
-            // events (max_term, stepped_down) tell the two apart.
-            exit::LOST
-        }
+        // 75, as for a loss: in both cases leaderrun stopped a command that
+        // was still running because this process should no longer lead, and
+        // the caller should try again later (EX_TEMPFAIL); a unit or script
+        // written for 75 needs nothing new. The log events (max_term,
+        // stepped_down) tell the two apart.
+        exit::LOST
     }
 }
