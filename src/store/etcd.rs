@@ -7,8 +7,9 @@
 //! gateway, `/v3/...`; 3.4 also answers on the older `/v3beta/`, which 3.5
 //! dropped, so `/v3/` is the one that works on both). The calls needed here
 //! are a handful of request/response POSTs on one keep-alive connection, so
-//! the client below is a few dozen lines over tokio (and tokio-rustls for
-//! `etcds://`, both already built for the Redis store), not a new stack.
+//! the client (src/store/etcd_client.rs) is a small one over tokio (and
+//! tokio-rustls for `etcds://`, both already built for the Redis store),
+//! not a new stack.
 //!
 //! For lease `NAME`:
 //!
@@ -44,88 +45,33 @@
 //! gateway streams it as `/v3/watch`, one JSON object per event, on a
 //! connection of its own (src/store/etcd_watch.rs).
 //!
-//! The connection is taken out of `self` for a call and put back only on
+//! The client takes its connection out for a call and puts it back only on
 //! success, so a call abandoned by the elector's timer leaves nothing
 //! half-read behind.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
-use tokio_rustls::rustls;
 
 use super::sql::{check_params, millis};
 use super::{
     AnyStore, Capabilities, Init, LeaseInfo, Store, StoreAdmin, StoreError, Target, MAX_STORED,
 };
 
+#[path = "etcd_client.rs"]
+mod client;
 #[path = "etcd_watch.rs"]
 mod watch;
 
+use client::{int, Client, EtcdError, Res};
+
 const LEASE_PREFIX: &str = "leaderrun/lease/";
 const EPOCH_PREFIX: &str = "leaderrun/epoch/";
-/// A reply larger than this is not from an etcd we understand.
-const MAX_BODY: usize = 64 << 20;
-
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
-
-struct Conn {
-    io: BufReader<Box<dyn Io>>,
-    endpoint: usize,
-}
-
-#[derive(Debug)]
-enum EtcdError {
-    /// Could not connect, or the connection broke: may heal.
-    Transport(String),
-    /// etcd's own error: a gRPC status code and message.
-    Status(i64, String),
-    /// Our own refusal (a lease etcd cannot grant, an odd reply).
-    Refused(String),
-}
-
-impl EtcdError {
-    fn is_transient(&self) -> bool {
-        match self {
-            EtcdError::Transport(_) => true,
-            // CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED,
-            // INTERNAL, UNAVAILABLE ("no leader", "request timed out",
-            // "too many requests", a member shutting down).
-            EtcdError::Status(code, _) => matches!(code, 1 | 4 | 8 | 10 | 13 | 14),
-            EtcdError::Refused(_) => false,
-        }
-    }
-    fn is_not_found(&self) -> bool {
-        matches!(self, EtcdError::Status(5, _))
-    }
-}
-
-impl std::fmt::Display for EtcdError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            EtcdError::Transport(m) | EtcdError::Refused(m) => f.write_str(m),
-            EtcdError::Status(_, m) => f.write_str(m),
-        }
-    }
-}
-
-type Res<T> = Result<T, EtcdError>;
-
 pub struct EtcdStore {
-    endpoints: Vec<(String, u16)>,
-    tls: bool,
-    ca_file: Option<std::path::PathBuf>,
-    connector: Option<tokio_rustls::TlsConnector>,
-    user: Option<(String, String)>,
-    token: Option<String>,
-    conn: Option<Conn>,
-    next: usize,
+    client: Client,
     /// How the store is shown: built from the parsed URL, password hidden.
     shown: String,
     /// The etcd lease behind each lease we hold here, by name: (epoch, id).
@@ -292,15 +238,6 @@ fn prefix_end(prefix: &str) -> String {
     String::from_utf8_lossy(&b).into_owned()
 }
 
-/// An int64 field: the gateway writes them as strings and leaves out zeros.
-fn int(v: &Value, key: &str) -> i64 {
-    match v.get(key) {
-        Some(Value::String(s)) => s.parse().unwrap_or(0),
-        Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
-        _ => 0,
-    }
-}
-
 /// A key-value from a range reply.
 struct Kv {
     key: String,
@@ -368,34 +305,10 @@ impl EtcdStore {
     pub fn new(url: &url::Url) -> Result<EtcdStore, String> {
         let p = from_url(url)?;
         Ok(EtcdStore {
-            endpoints: p.endpoints,
-            tls: p.tls,
-            ca_file: p.ca_file,
-            connector: None,
-            user: p.user,
-            token: None,
-            conn: None,
-            next: 0,
+            client: Client::new(p.endpoints, p.tls, p.ca_file, p.user),
             shown: p.shown,
             grants: HashMap::new(),
         })
-    }
-
-    /// The same cluster and credentials, with no connection or token of
-    /// its own yet: for a watch, which must not share the call connection.
-    fn fresh(&self) -> EtcdStore {
-        EtcdStore {
-            endpoints: self.endpoints.clone(),
-            tls: self.tls,
-            ca_file: self.ca_file.clone(),
-            connector: self.connector.clone(),
-            user: self.user.clone(),
-            token: None,
-            conn: None,
-            next: self.next,
-            shown: self.shown.clone(),
-            grants: HashMap::new(),
-        }
     }
 
     fn classify(&self, what: &str, e: EtcdError) -> StoreError {
@@ -409,210 +322,18 @@ impl EtcdStore {
         }
     }
 
-    fn tls_connector(&mut self) -> Res<tokio_rustls::TlsConnector> {
-        if let Some(c) = &self.connector {
-            return Ok(c.clone());
-        }
-        // The system's roots (which honour SSL_CERT_FILE / SSL_CERT_DIR),
-        // plus the CA named by `cacert=` for a private cluster.
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_native_certs::load_native_certs().certs {
-            let _ = roots.add(cert);
-        }
-        if let Some(path) = &self.ca_file {
-            use rustls::pki_types::pem::PemObject;
-            use rustls::pki_types::CertificateDer;
-            let bad = |e: &dyn std::fmt::Display| {
-                EtcdError::Refused(format!("cannot read cacert {}: {e}", path.display()))
-            };
-            for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
-                roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
-            }
-        }
-        let config = rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let c = tokio_rustls::TlsConnector::from(Arc::new(config));
-        self.connector = Some(c.clone());
-        Ok(c)
-    }
-
-    /// A connection to the first endpoint that accepts one, starting at
-    /// `next`: nothing was sent yet, so moving on is always safe.
-    async fn connect(&mut self) -> Res<Conn> {
-        let n = self.endpoints.len();
-        let mut last = String::new();
-        for i in 0..n {
-            let idx = (self.next + i) % n;
-            let (host, port) = self.endpoints[idx].clone();
-            let tcp = match TcpStream::connect((host.as_str(), port)).await {
-                Ok(t) => t,
-                Err(e) => {
-                    last = format!("cannot connect to {host}:{port}: {e}");
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
-            let io: Box<dyn Io> = if self.tls {
-                let connector = self.tls_connector()?;
-                let name = rustls::pki_types::ServerName::try_from(host.clone())
-                    .map_err(|e| EtcdError::Refused(format!("bad host name {host}: {e}")))?;
-                match connector.connect(name, tcp).await {
-                    Ok(s) => Box::new(s),
-                    Err(e) => {
-                        // A certificate problem will not heal; say so.
-                        if e.kind() == std::io::ErrorKind::InvalidData {
-                            return Err(EtcdError::Refused(format!(
-                                "TLS with {host}:{port} failed: {e}"
-                            )));
-                        }
-                        last = format!("TLS with {host}:{port} failed: {e}");
-                        continue;
-                    }
-                }
-            } else {
-                Box::new(tcp)
-            };
-            self.next = idx;
-            return Ok(Conn {
-                io: BufReader::new(io),
-                endpoint: idx,
-            });
-        }
-        Err(EtcdError::Transport(last))
-    }
-
-    /// One POST of `body` to `path`; etcd's JSON reply, or its error.
-    async fn rpc(&mut self, path: &str, body: &Value) -> Res<Value> {
-        if self.user.is_some() && self.token.is_none() && path != "/v3/auth/authenticate" {
-            self.authenticate().await?;
-        }
-        match self.post(path, body).await {
-            // A token the server forgot (restart, TTL): once more, fresh.
-            Err(EtcdError::Status(16, m)) if self.user.is_some() && m.contains("token") => {
-                self.token = None;
-                self.authenticate().await?;
-                self.post(path, body).await
-            }
-            other => other,
-        }
-    }
-
-    async fn authenticate(&mut self) -> Res<()> {
-        let Some((name, password)) = self.user.clone() else {
-            return Ok(());
-        };
-        let r = self
-            .post(
-                "/v3/auth/authenticate",
-                &json!({"name": name, "password": password}),
-            )
-            .await?;
-        match r.get("token").and_then(Value::as_str) {
-            Some(t) => {
-                self.token = Some(t.to_string());
-                Ok(())
-            }
-            None => Err(EtcdError::Refused(
-                "etcd returned no auth token (is authentication enabled?)".into(),
-            )),
-        }
-    }
-
-    async fn post(&mut self, path: &str, body: &Value) -> Res<Value> {
-        let mut conn = match self.conn.take() {
-            Some(c) => c,
-            None => self.connect().await?,
-        };
-        let (host, port) = &self.endpoints[conn.endpoint];
-        let payload = body.to_string();
-        let mut head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n",
-            payload.len()
-        );
-        if let Some(t) = &self.token {
-            head.push_str(&format!("Authorization: {t}\r\n"));
-        }
-        head.push_str("\r\n");
-        let exchange = async {
-            let w = conn.io.get_mut();
-            w.write_all(head.as_bytes()).await?;
-            w.write_all(payload.as_bytes()).await?;
-            w.flush().await?;
-            read_response(&mut conn.io).await
-        };
-        let (status, body, keep) = match exchange.await {
-            Ok(r) => r,
-            Err(e) => {
-                // The request may have been applied: not repeated here, but
-                // the next call starts with the next endpoint.
-                self.next = (conn.endpoint + 1) % self.endpoints.len();
-                return Err(EtcdError::Transport(format!(
-                    "connection to {host}:{port} failed: {e}"
-                )));
-            }
-        };
-        let endpoint = conn.endpoint;
-        if keep {
-            self.conn = Some(conn);
-        }
-        let parsed: Option<Value> = serde_json::Deserializer::from_slice(&body)
-            .into_iter::<Value>()
-            .next()
-            .and_then(Result::ok);
-        // A streamed reply (keepalive) wraps its message in `result`, or
-        // carries an `error` object instead.
-        let (v, err) = match parsed {
-            Some(Value::Object(mut m)) => {
-                if let Some(r) = m.remove("result") {
-                    (r, None)
-                } else if let Some(Value::Object(e)) = m.remove("error") {
-                    (Value::Null, Some(Value::Object(e)))
-                } else if m.contains_key("code") && (status != 200 || m.contains_key("message")) {
-                    (Value::Null, Some(Value::Object(m)))
-                } else {
-                    (Value::Object(m), None)
-                }
-            }
-            _ => (Value::Null, None),
-        };
-        if let Some(e) = err {
-            let code = int(&e, "code");
-            let msg = e
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("etcd error")
-                .to_string();
-            if matches!(code, 14 | 4) {
-                // No leader, or a member too busy: ask another next time.
-                self.conn = None;
-                self.next = (endpoint + 1) % self.endpoints.len();
-            }
-            return Err(EtcdError::Status(code, msg));
-        }
-        if status != 200 || v.is_null() {
-            let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-            let e = format!("HTTP {status} from {host}:{port}: {text}");
-            return Err(if status >= 500 || status == 0 {
-                EtcdError::Transport(e)
-            } else {
-                EtcdError::Refused(e)
-            });
-        }
-        Ok(v)
-    }
-
     async fn txn(&mut self, compare: Value, success: Value, failure: Value) -> Res<Value> {
-        self.rpc(
-            "/v3/kv/txn",
-            &json!({"compare": compare, "success": success, "failure": failure}),
-        )
-        .await
+        self.client
+            .rpc(
+                "/v3/kv/txn",
+                &json!({"compare": compare, "success": success, "failure": failure}),
+            )
+            .await
     }
 
     async fn revoke(&mut self, id: i64) -> Res<()> {
         match self
+            .client
             .rpc("/v3/lease/revoke", &json!({"ID": id.to_string()}))
             .await
         {
@@ -624,6 +345,7 @@ impl EtcdStore {
     /// Seconds left on an etcd lease; -1 when it is gone.
     async fn ttl_left(&mut self, id: i64) -> Res<i64> {
         let r = self
+            .client
             .rpc("/v3/lease/timetolive", &json!({"ID": id.to_string()}))
             .await?;
         Ok(int(&r, "TTL"))
@@ -632,6 +354,7 @@ impl EtcdStore {
     /// A lease of `ttl` whole seconds, exactly, or a refusal.
     async fn grant(&mut self, ttl: i64) -> Res<i64> {
         let r = self
+            .client
             .rpc("/v3/lease/grant", &json!({"TTL": ttl.to_string()}))
             .await?;
         let (id, granted) = (int(&r, "ID"), int(&r, "TTL"));
@@ -752,6 +475,7 @@ impl EtcdStore {
             return Ok(false);
         };
         let r = match self
+            .client
             .rpc("/v3/lease/keepalive", &json!({"ID": id.to_string()}))
             .await
         {
@@ -800,6 +524,7 @@ impl EtcdStore {
         // `--min-hold`: etcd cannot shorten a lease, so the key moves to a
         // new one of `keep` (whole seconds, rounded up) and ours is revoked.
         let r = self
+            .client
             .rpc(
                 "/v3/lease/grant",
                 &json!({"TTL": ttl_secs(keep).to_string()}),
@@ -916,84 +641,6 @@ impl EtcdStore {
     }
 }
 
-/// Status, body and whether the connection may be reused. Handles
-/// `Content-Length` and chunked bodies (the gateway streams keepalive
-/// replies, with a trailer).
-async fn read_response(io: &mut BufReader<Box<dyn Io>>) -> std::io::Result<(u16, Vec<u8>, bool)> {
-    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-    let mut line = String::new();
-    if io.read_line(&mut line).await? == 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "connection closed",
-        ));
-    }
-    let status: u16 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("not an HTTP reply"))?;
-    let (mut length, mut chunked, mut keep) = (None, false, true);
-    loop {
-        line.clear();
-        if io.read_line(&mut line).await? == 0 {
-            return Err(bad("reply ended in its headers"));
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            let (k, v) = (k.trim(), v.trim());
-            if k.eq_ignore_ascii_case("content-length") {
-                length = Some(v.parse::<usize>().map_err(|_| bad("bad Content-Length"))?);
-            } else if k.eq_ignore_ascii_case("transfer-encoding") {
-                chunked = v.to_ascii_lowercase().contains("chunked");
-            } else if k.eq_ignore_ascii_case("connection") {
-                keep = !v.eq_ignore_ascii_case("close");
-            }
-        }
-    }
-    let mut body = Vec::new();
-    if chunked {
-        loop {
-            line.clear();
-            io.read_line(&mut line).await?;
-            let size = line.trim_end().split(';').next().unwrap_or("");
-            let size = usize::from_str_radix(size.trim(), 16).map_err(|_| bad("bad chunk size"))?;
-            if size == 0 {
-                // Trailers, up to an empty line.
-                loop {
-                    line.clear();
-                    if io.read_line(&mut line).await? == 0 || line.trim_end().is_empty() {
-                        break;
-                    }
-                }
-                break;
-            }
-            if body.len() + size > MAX_BODY {
-                return Err(bad("reply too large"));
-            }
-            let start = body.len();
-            body.resize(start + size, 0);
-            io.read_exact(&mut body[start..]).await?;
-            let mut crlf = [0u8; 2];
-            io.read_exact(&mut crlf).await?;
-        }
-    } else if let Some(n) = length {
-        if n > MAX_BODY {
-            return Err(bad("reply too large"));
-        }
-        body.resize(n, 0);
-        io.read_exact(&mut body).await?;
-    } else {
-        // Neither: the body runs to the end of the connection.
-        io.take(MAX_BODY as u64).read_to_end(&mut body).await?;
-        keep = false;
-    }
-    Ok((status, body, keep))
-}
-
 impl Store for EtcdStore {
     async fn acquire(
         &mut self,
@@ -1056,7 +703,7 @@ impl EtcdStore {
             Err(_) => {
                 // The abandoned request may still be in flight on the old
                 // connection (dropped with the future); start elsewhere.
-                self.next = (self.next + 1) % self.endpoints.len();
+                self.client.skip_endpoint();
                 Err(StoreError::Unavailable(format!(
                     "the store {} did not answer within {}",
                     self.shown,
@@ -1094,7 +741,7 @@ impl StoreAdmin for EtcdStore {
     }
 
     fn wakeups(&self) -> Option<super::push::AnyWakeups> {
-        Some(Box::new(watch::EtcdWakeups::new(self.fresh())))
+        Some(Box::new(watch::EtcdWakeups::new(self.client.fresh())))
     }
 
     /// Nothing to create: keys appear on first use. Reaching the cluster
@@ -1102,7 +749,8 @@ impl StoreAdmin for EtcdStore {
     /// password.
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
         let r = tokio::time::timeout(timeout, async {
-            self.rpc("/v3/kv/range", &json!({"key": b64(EPOCH_PREFIX)}))
+            self.client
+                .rpc("/v3/kv/range", &json!({"key": b64(EPOCH_PREFIX)}))
                 .await
                 .map(|_| Init::NothingToDo)
         })

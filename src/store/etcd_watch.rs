@@ -22,7 +22,8 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::{b64, lease_key, Conn, EtcdStore, StoreError, MAX_BODY};
+use super::client::{Client, Conn, MAX_BODY};
+use super::{b64, lease_key, StoreError};
 use crate::store::push::{Fut, Wakeups};
 
 enum Msg {
@@ -31,16 +32,16 @@ enum Msg {
 }
 
 pub struct EtcdWakeups {
-    /// A second store handle: its own connection and its own auth token.
-    store: EtcdStore,
+    /// A second client: its own connection and its own auth token.
+    client: Client,
     rx: Option<mpsc::UnboundedReceiver<Msg>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl EtcdWakeups {
-    pub fn new(store: EtcdStore) -> EtcdWakeups {
+    pub fn new(client: Client) -> EtcdWakeups {
         EtcdWakeups {
-            store,
+            client,
             rx: None,
             task: None,
         }
@@ -57,24 +58,16 @@ impl EtcdWakeups {
         // A start abandoned by the elector's timer may have left its task
         // behind, waiting on a watch nobody reads.
         self.stop();
-        if self.store.user.is_some() && self.store.token.is_none() {
-            self.store.authenticate().await.map_err(|e| e.to_string())?;
-        }
-        let mut conn = self.store.connect().await.map_err(|e| e.to_string())?;
-        let (host, port) = &self.store.endpoints[conn.endpoint];
+        self.client
+            .ensure_token()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut conn = self.client.connect().await.map_err(|e| e.to_string())?;
         // NOPUT: only deletions are of interest; acquisitions and
         // renewals of the key stay off the wire.
         let body = json!({"create_request": {"key": b64(&lease_key(name)), "filters": ["NOPUT"]}})
             .to_string();
-        let mut head = format!(
-            "POST /v3/watch HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n",
-            body.len()
-        );
-        if let Some(t) = &self.store.token {
-            head.push_str(&format!("Authorization: {t}\r\n"));
-        }
-        head.push_str("\r\n");
+        let head = self.client.head("/v3/watch", &conn, body.len());
         let w = conn.io.get_mut();
         w.write_all(head.as_bytes())
             .await
@@ -86,7 +79,7 @@ impl EtcdWakeups {
         let status = read_head(&mut conn).await.map_err(|e| e.to_string())?;
         if status != 200 {
             // An expired token, most likely: the next arm authenticates anew.
-            self.store.token = None;
+            self.client.forget_token();
             return Err(format!("the watch was refused (HTTP {status})"));
         }
         let (tx, mut rx) = mpsc::unbounded_channel();
