@@ -451,3 +451,57 @@ fn as_init_of_a_pid_namespace_the_watchdog_is_not_swept() {
         out.stderr
     );
 }
+
+/// As root, with cgroup v2 writable, the command runs in a cgroup of its
+/// own from its first instant (it is created there, not moved after it
+/// could have started anything), and the cgroup is gone after the run.
+#[test]
+fn the_command_starts_inside_its_own_cgroup() {
+    let mount = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.contains(" - cgroup2 "))
+        .and_then(|l| l.split_whitespace().nth(4).map(str::to_string));
+    let ours = std::fs::read_to_string("/proc/self/cgroup")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string));
+    // Writable where this test runs, as leaderrun will find it.
+    let writable = match (&mount, &ours) {
+        (Some(m), Some(o)) => {
+            let probe = format!(
+                "{m}{}/leaderrun-test-probe-{}",
+                o.trim_end_matches('/'),
+                std::process::id()
+            );
+            let ok = std::fs::create_dir(&probe).is_ok();
+            let _ = std::fs::remove_dir(&probe);
+            ok
+        }
+        _ => false,
+    };
+    if !writable {
+        eprintln!("skipped: needs a writable cgroup v2 hierarchy (root)");
+        return;
+    }
+    let mount = mount.expect("checked");
+    let dir = TempDir::new("wd-cgroup");
+    let store = embedded(&dir);
+    let out = run(lr(&store, "cg", &[], "cat /proc/self/cgroup"));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let own = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or_else(|| panic!("no cgroup v2 line in {}", out.stdout));
+    let leaf = own.rsplit('/').next().unwrap_or("");
+    assert!(
+        leaf.starts_with("leaderrun-"),
+        "the command ran in {own}, not a cgroup of its own"
+    );
+    let path = format!("{mount}{own}");
+    assert!(
+        !std::path::Path::new(&path).exists(),
+        "{path} was left behind"
+    );
+}
