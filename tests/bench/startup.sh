@@ -2,10 +2,11 @@
 # Start-up cost of one leaderrun run against its peers, side by side in one
 # hyperfine run (medians): `true`, `flock(1)`, `leaderrun -- true` on the
 # embedded store, on a local Postgres and through a local PgBouncer
-# (transaction pooling) in front of it, `etcdctl lock` on a local etcd.
-# Throwaway servers on free loopback ports in a temp dir; nothing else is
-# touched. Needs hyperfine, postgresql, pgbouncer, etcd-server and
-# etcd-client (Debian).
+# (transaction pooling) in front of it, `etcdctl lock` on a local etcd; and
+# the floors of both stores (floor.c, pgbench). Throwaway servers on free
+# loopback ports in a temp dir; nothing else is touched. Needs hyperfine,
+# postgresql, pgbouncer, etcd-server and etcd-client (Debian); gcc,
+# libsqlite3-dev and sqlite3 for the embedded store's floor.
 #
 #   bench/startup.sh [BINARY…]     default: target/release/leaderrun
 #   RUNS=200 bench/startup.sh target/release/leaderrun /tmp/old/leaderrun
@@ -74,21 +75,19 @@ for b in "${bins[@]}"; do
     fi
 done
 cmds+=(-n "etcdctl lock" "etcdctl --endpoints 127.0.0.1:$etcd_client lock x true")
-# Floors: what the store work alone costs from a C client, no command
-# started. sqlite3(1) runs the embedded store's two write transactions on a
-# copy of leaderrun's own file (one process each time, as leaderrun); for
-# Postgres, pgbench -C (libpq) connects as leaderrun does (SCRAM over TCP, no
-# TLS) and runs one statement per connection, below.
-if command -v sqlite3 >/dev/null; then
+# Floors: the least a run on each store must cost, from C. floor.c opens a
+# copy of leaderrun's own SQLite file as leaderrun does, acquires in one
+# write transaction, runs the command, releases in another: no watchdog,
+# no cgroup, no runtime. For Postgres, pgbench -C (libpq) connects as
+# leaderrun does (SCRAM over TCP, no TLS) and runs one statement per
+# connection, below.
+if command -v cc >/dev/null && [ -e /usr/include/sqlite3.h ] && command -v sqlite3 >/dev/null; then
+    cc -O2 -o "$tmp/floor" tests/bench/floor.c -lsqlite3
     # The table may still be in the WAL (leaderrun does not checkpoint at close).
     sqlite3 "$LEADERRUN_STATE_DIR/leases.db" ".backup $tmp/floor.db"
-    q="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; BEGIN IMMEDIATE;
-       INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id) VALUES ('f', 'h', 1, 0, '')
-       ON CONFLICT (name) DO UPDATE SET epoch = epoch + 1 RETURNING epoch; COMMIT;
-       BEGIN IMMEDIATE; UPDATE leader_lease SET holder = NULL WHERE name = 'f'; COMMIT;"
-    cmds+=(-n "floor: sqlite3, the two transactions" "sqlite3 -batch $tmp/floor.db \"$q\"")
+    cmds+=(-n "floor: C, two SQLite transactions and the command" "$tmp/floor $tmp/floor.db true")
 else
-    echo "bench: sqlite3 is missing (apt-get install -y sqlite3); no floor row for the embedded store" >&2
+    echo "bench: no C floor for the embedded store (apt-get install -y gcc libsqlite3-dev sqlite3)" >&2
 fi
 
 uptime
