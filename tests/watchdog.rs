@@ -452,42 +452,32 @@ fn as_init_of_a_pid_namespace_the_watchdog_is_not_swept() {
     );
 }
 
-/// As root, with cgroup v2 writable, the command runs in a cgroup of its
-/// own from its first instant (it is created there, not moved after it
-/// could have started anything), and the cgroup is gone after the run.
-#[test]
-fn the_command_starts_inside_its_own_cgroup() {
+/// The cgroup v2 mount, where this test process could create a cgroup below
+/// its own, as leaderrun will (root, a writable hierarchy).
+fn writable_cgroup2() -> Option<String> {
     let mount = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
+        .ok()?
         .lines()
         .find(|l| l.contains(" - cgroup2 "))
-        .and_then(|l| l.split_whitespace().nth(4).map(str::to_string));
+        .and_then(|l| l.split_whitespace().nth(4).map(str::to_string))?;
     let ours = std::fs::read_to_string("/proc/self/cgroup")
-        .unwrap_or_default()
+        .ok()?
         .lines()
-        .find_map(|l| l.strip_prefix("0::").map(str::to_string));
-    // Writable where this test runs, as leaderrun will find it.
-    let writable = match (&mount, &ours) {
-        (Some(m), Some(o)) => {
-            let probe = format!(
-                "{m}{}/leaderrun-test-probe-{}",
-                o.trim_end_matches('/'),
-                std::process::id()
-            );
-            let ok = std::fs::create_dir(&probe).is_ok();
-            let _ = std::fs::remove_dir(&probe);
-            ok
-        }
-        _ => false,
-    };
-    if !writable {
-        eprintln!("skipped: needs a writable cgroup v2 hierarchy (root)");
-        return;
-    }
-    let mount = mount.expect("checked");
-    let dir = TempDir::new("wd-cgroup");
-    let store = embedded(&dir);
-    let out = run(lr(&store, "cg", &[], "cat /proc/self/cgroup"));
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))?;
+    let probe = format!(
+        "{mount}{}/leaderrun-test-probe-{}",
+        ours.trim_end_matches('/'),
+        std::process::id()
+    );
+    let ok = std::fs::create_dir(&probe).is_ok();
+    let _ = std::fs::remove_dir(&probe);
+    ok.then_some(mount)
+}
+
+/// Run `cat /proc/self/cgroup` under leaderrun (`c`), and check that the
+/// command was in a cgroup of its own, removed after the run.
+fn command_had_its_own_cgroup(mount: &str, c: Command) {
+    let out = run(c);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let own = out
         .stdout
@@ -504,4 +494,69 @@ fn the_command_starts_inside_its_own_cgroup() {
         !std::path::Path::new(&path).exists(),
         "{path} was left behind"
     );
+}
+
+/// As root, with cgroup v2 writable, the command runs in a cgroup of its
+/// own from its first instant (it is created there, not moved after it
+/// could have started anything), and the cgroup is gone after the run.
+#[test]
+fn the_command_starts_inside_its_own_cgroup() {
+    let Some(mount) = writable_cgroup2() else {
+        eprintln!("skipped: needs a writable cgroup v2 hierarchy (root)");
+        return;
+    };
+    let dir = TempDir::new("wd-cgroup");
+    let store = embedded(&dir);
+    command_had_its_own_cgroup(&mount, lr(&store, "cg", &[], "cat /proc/self/cgroup"));
+}
+
+/// Where clone3 is refused (a kernel before 5.7, or a container whose
+/// seccomp profile answers ENOSYS, as Docker's did), the command is forked
+/// and moves itself into its cgroup before exec: same result. Here a
+/// seccomp filter makes clone3 fail with ENOSYS for leaderrun and all it
+/// starts.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn without_clone3_the_command_still_starts_in_its_cgroup() {
+    let Some(mount) = writable_cgroup2() else {
+        eprintln!("skipped: needs a writable cgroup v2 hierarchy (root)");
+        return;
+    };
+    let dir = TempDir::new("wd-noclone3");
+    let store = embedded(&dir);
+    let mut c = lr(&store, "cg", &[], "cat /proc/self/cgroup");
+    // SAFETY: between fork and exec only prctl is called, on a filter
+    // that lives on this stack frame until the call returns.
+    unsafe {
+        c.pre_exec(|| {
+            use nix::libc;
+            const LD_ABS_W: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+            const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+            const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+            const ALLOW: u32 = 0x7fff_0000;
+            const ERRNO: u32 = 0x0005_0000;
+            const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+            let f = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+            let mut prog = [
+                f(LD_ABS_W, 0, 0, 4), // seccomp_data.arch
+                f(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+                f(RET_K, 0, 0, ALLOW),
+                f(LD_ABS_W, 0, 0, 0), // seccomp_data.nr
+                f(JEQ_K, 0, 1, libc::SYS_clone3 as u32),
+                f(RET_K, 0, 0, ERRNO | libc::ENOSYS as u32),
+                f(RET_K, 0, 0, ALLOW),
+            ];
+            let fprog = libc::sock_fprog {
+                len: prog.len() as u16,
+                filter: prog.as_mut_ptr(),
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(libc::PR_SET_SECCOMP, 2, &fprog as *const _) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command_had_its_own_cgroup(&mount, c);
 }
