@@ -631,3 +631,41 @@ fn tls_follows_sslmode_in_the_url() {
     ));
     assert_eq!(r.code, Some(125), "{}", r.stderr);
 }
+
+/// A command that check_command accepts but exec refuses (here: the file is
+/// open for writing, ETXTBSY) is reported from the exec itself: 126 with
+/// the system's reason, nothing of the command run, and the lease handed
+/// back so that the next run leads at once.
+#[test]
+fn an_exec_that_fails_after_the_lease_is_taken_is_126_and_releases() {
+    use std::io::Write;
+    let dir = TempDir::new("exec-fails");
+    let script = dir.file("busy.sh");
+    std::fs::write(&script, "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut open = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&script)
+        .unwrap();
+    open.flush().unwrap();
+    // Only where this kernel refuses to execute a file open for writing.
+    match std::process::Command::new(&script).output() {
+        Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) => {}
+        _ => {
+            eprintln!("skipped: this kernel executes a file open for writing");
+            return;
+        }
+    }
+    let store = format!("sqlite://{}", dir.file("leases.db").display());
+    let mut c = leaderrun();
+    c.args(["--store", &store, "--name", "busy", "--"])
+        .arg(&script);
+    let r = run(c);
+    assert_eq!(r.code, Some(126), "{}", r.stderr);
+    assert!(r.stderr.contains("Text file busy"), "{}", r.stderr);
+    assert!(!r.stdout.contains("ran"), "the command ran: {}", r.stdout);
+    drop(open);
+    let next = run(lr(&store, "busy", &[], "echo $LEASE_EPOCH"));
+    assert_eq!(next.code, Some(0), "{}", next.stderr);
+    assert_eq!(next.stdout.trim(), "2", "the lease was not handed back");
+}
