@@ -26,8 +26,7 @@
 //! look escapes.
 
 use std::collections::HashMap;
-use std::ffi::CString;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -203,33 +202,20 @@ impl Cgroup {
     /// and exec, which moves the child before it can start anything (where
     /// clone3 cannot start it there: fork.rs).
     pub fn procs_for_join(&self) -> Option<OwnedFd> {
-        let p = CString::new(
-            self.dir
-                .join("cgroup.procs")
-                .into_os_string()
-                .into_encoded_bytes(),
-        )
-        .ok()?;
-        // SAFETY: open with a valid NUL-terminated path; the fd is owned
-        // by the returned OwnedFd from here on.
-        let fd = unsafe { nix::libc::open(p.as_ptr(), nix::libc::O_WRONLY | nix::libc::O_CLOEXEC) };
-        // SAFETY: a non-negative fd was just returned by open.
-        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("cgroup.procs"));
+        f.ok().map(OwnedFd::from)
     }
 
     /// The directory, opened for `clone3(CLONE_INTO_CGROUP)` (fork.rs).
     pub fn dir_fd(&self) -> Option<OwnedFd> {
-        let p = CString::new(self.dir.clone().into_os_string().into_encoded_bytes()).ok()?;
-        // SAFETY: open with a valid NUL-terminated path; the fd is owned
-        // by the returned OwnedFd from here on.
-        let fd = unsafe {
-            nix::libc::open(
-                p.as_ptr(),
-                nix::libc::O_RDONLY | nix::libc::O_DIRECTORY | nix::libc::O_CLOEXEC,
-            )
-        };
-        // SAFETY: a non-negative fd was just returned by open.
-        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_DIRECTORY)
+            .open(&self.dir);
+        f.ok().map(OwnedFd::from)
     }
 
     /// Whether `pid` is in this cgroup (the move between fork and exec is
