@@ -70,6 +70,52 @@ impl Program {
             envp,
         })
     }
+
+    /// argv and envp as exec takes them: pointers into `self`, each list
+    /// ending in a null pointer. Built before the fork (the child may not
+    /// allocate), valid while `self` lives.
+    fn pointers(&self) -> (Vec<*const libc::c_char>, Vec<*const libc::c_char>) {
+        let list = |v: &[CString]| {
+            v.iter()
+                .map(|s| s.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        (list(&self.argv), list(&self.envp))
+    }
+}
+
+/// One `i32` on a status pipe: a pid, or an errno. Async-signal-safe, and
+/// atomic (far below PIPE_BUF).
+///
+/// # Safety
+/// Any fd; nothing is allocated.
+unsafe fn say(fd: RawFd, v: i32) {
+    let b = v.to_ne_bytes();
+    libc::write(fd, b.as_ptr().cast(), b.len());
+}
+
+/// The next `i32` from a status pipe; None at end-of-file (every write end
+/// closed: at exec, or at exit).
+fn hear(fd: &OwnedFd) -> Option<i32> {
+    let mut buf = [0u8; 4];
+    loop {
+        match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Ok(4) => return Some(i32::from_ne_bytes(buf)),
+            _ => return None,
+        }
+    }
+}
+
+/// Wait for a child of ours to end.
+fn reap(pid: Pid) -> nix::Result<nix::sys::wait::WaitStatus> {
+    loop {
+        match nix::sys::wait::waitpid(pid, None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => return other,
+        }
+    }
 }
 
 /// What the child does before exec, beyond leading a process group of its
@@ -113,10 +159,7 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// Start `prog` as `setup` says. An error means no command runs: either no
 /// child was created, or it failed before or at exec and has been reaped.
 pub fn spawn(prog: &Program, setup: &Setup<'_>) -> std::io::Result<Started> {
-    let mut argv: Vec<*const libc::c_char> = prog.argv.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = prog.envp.iter().map(|e| e.as_ptr()).collect();
-    envp.push(std::ptr::null());
+    let (argv, envp) = prog.pointers();
     let (err_rd, err_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let dir = setup.cgroup.and_then(Cgroup::dir_fd);
 
@@ -165,16 +208,9 @@ pub fn spawn(prog: &Program, setup: &Setup<'_>) -> std::io::Result<Started> {
     let pid = Pid::from_raw(pid);
     // The write end closes at exec (CLOEXEC) or carries the errno of a
     // failed one: a successful start reads end-of-file.
-    let mut buf = [0u8; 4];
-    let n = loop {
-        match nix::unistd::read(err_rd.as_raw_fd(), &mut buf) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            other => break other.unwrap_or(0),
-        }
-    };
-    if n == buf.len() {
-        let _ = nix::sys::wait::waitpid(pid, None);
-        return Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
+    if let Some(errno) = hear(&err_rd) {
+        let _ = reap(pid);
+        return Err(std::io::Error::from_raw_os_error(errno));
     }
     let in_cgroup = placed || setup.cgroup.is_some_and(|cg| cg.contains(pid));
     Ok(Started { pid, in_cgroup })
@@ -195,8 +231,7 @@ unsafe fn child(
     err: RawFd,
 ) -> ! {
     let fail = |e: i32| -> ! {
-        let b = e.to_ne_bytes();
-        libc::write(err, b.as_ptr().cast(), b.len());
+        say(err, e);
         libc::_exit(127)
     };
     let errno = || *libc::__errno_location();
@@ -275,10 +310,7 @@ pub struct Detached {
 /// before leaderrun becomes a subreaper (or the process would be adopted by
 /// leaderrun after all).
 pub fn spawn_detached(prog: &Program, stdin: RawFd, ignore: &[i32]) -> std::io::Result<Detached> {
-    let mut argv: Vec<*const libc::c_char> = prog.argv.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = prog.envp.iter().map(|e| e.as_ptr()).collect();
-    envp.push(std::ptr::null());
+    let (argv, envp) = prog.pointers();
     let (status_rd, status_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let null = c"/dev/null";
     let err = status_wr.as_raw_fd();
@@ -294,14 +326,12 @@ pub fn spawn_detached(prog: &Program, stdin: RawFd, ignore: &[i32]) -> std::io::
                 0 => {}
                 -1 => libc::_exit(1),
                 pid => {
-                    let b = pid.to_ne_bytes();
-                    libc::write(err, b.as_ptr().cast(), b.len());
+                    say(err, pid);
                     libc::_exit(0)
                 }
             }
             let fail = || -> ! {
-                let b = (-*libc::__errno_location()).to_ne_bytes();
-                libc::write(err, b.as_ptr().cast(), b.len());
+                say(err, -*libc::__errno_location());
                 libc::_exit(127)
             };
             let mut act: libc::sigaction = std::mem::zeroed();
@@ -344,23 +374,14 @@ impl Detached {
     /// intermediate is reaped. Ok is the pid of the running program.
     pub fn confirm(self) -> std::io::Result<Pid> {
         let (mut pid, mut errno) = (None, None);
-        let mut buf = [0u8; 4];
-        loop {
-            match nix::unistd::read(self.status.as_raw_fd(), &mut buf) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                Ok(4) => match i32::from_ne_bytes(buf) {
-                    p if p > 0 => pid = Some(Pid::from_raw(p)),
-                    e => errno = Some(-e),
-                },
-                _ => break,
+        while let Some(v) = hear(&self.status) {
+            if v > 0 {
+                pid = Some(Pid::from_raw(v));
+            } else {
+                errno = Some(-v);
             }
         }
-        let middle = loop {
-            match nix::sys::wait::waitpid(self.middle, None) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                other => break other,
-            }
-        };
+        let middle = reap(self.middle);
         if let Some(e) = errno {
             return Err(std::io::Error::from_raw_os_error(e));
         }
