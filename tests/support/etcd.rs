@@ -2,11 +2,10 @@
 //! 127.0.0.1, a temp data dir, stopped on Drop. Never touches an etcd the
 //! machine may run on 2379.
 
-use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{free_port, TempDir};
+use super::{free_port, start_server, TempDir};
 
 pub const ROOT_PASSWORD: &str = "etcd-root-Pw93";
 
@@ -96,32 +95,18 @@ impl Etcd {
         cmd.env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .process_group(0);
-        // SAFETY: prctl only; the server must not outlive a killed test.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().expect("start etcd");
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(30) {
-            if let Ok(Some(_)) = child.try_wait() {
-                return false;
-            }
-            let ca = tls.then(|| dir.file("ca.crt"));
+            .stderr(log);
+        let ca = tls.then(|| dir.file("ca.crt"));
+        self.server = start_server(
+            &mut cmd,
+            "etcd",
+            nix::sys::signal::Signal::SIGKILL,
+            Duration::from_secs(30),
+            Duration::from_millis(50),
             // Health needs no login, with authentication on or off.
-            if ctl(port, ca.as_deref(), None, &["endpoint", "health"]).is_ok() {
-                self.server = Some(child);
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+            || ctl(port, ca.as_deref(), None, &["endpoint", "health"]).is_ok(),
+        );
+        self.server.is_some()
     }
 
     /// kill -9. etcd acknowledges a write only once it is in its fsynced

@@ -321,6 +321,44 @@ pub fn wait_until_some<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Op
     out.expect("checked")
 }
 
+/// Start a throwaway server: in a process group of its own (so that it can
+/// be frozen or killed as a whole), sent `death` when the test process
+/// dies, then polled every `every` until `ready` or `limit`. None, with the
+/// server killed and reaped, when it exited first (its port taken, most
+/// likely: the caller tries another) or never became ready.
+pub fn start_server(
+    cmd: &mut Command,
+    what: &str,
+    death: nix::sys::signal::Signal,
+    limit: Duration,
+    every: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> Option<Child> {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    // SAFETY: prctl only; the server must not outlive a killed test.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(death)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("start {what}: {e}"));
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if ready() {
+            return Some(child);
+        }
+        std::thread::sleep(every);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
 /// SIGSTOP (`frozen`) or SIGCONT a server a test started: its process, or
 /// with `group` its whole process group (a server that forks helpers).
 pub fn freeze_server(server: Option<&Child>, frozen: bool, group: bool) {

@@ -5,12 +5,11 @@
 //! created at start-up by `--init-file`), so a wrong password is testable.
 //! Never touches the machine's own server on 3306.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{free_port, TempDir};
+use super::{free_port, start_server, TempDir};
 
 pub const PASSWORD: &str = "t3st-My-pw-Q7";
 
@@ -175,29 +174,18 @@ impl My {
                 .arg(format!("--init-file={}", d.join("init.sql").display()))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .process_group(0);
-            // SAFETY: prctl only; the server must not outlive a killed test.
-            unsafe {
-                cmd.pre_exec(|| {
-                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-                    Ok(())
-                });
+                .stderr(Stdio::null());
+            self.server = start_server(
+                &mut cmd,
+                "mariadbd",
+                nix::sys::signal::Signal::SIGKILL,
+                Duration::from_secs(30),
+                Duration::from_millis(30),
+                || self.try_sql("SELECT 1").is_ok(),
+            );
+            if self.server.is_some() {
+                return;
             }
-            let mut child = cmd.spawn().expect("start mariadbd");
-            let t0 = Instant::now();
-            while t0.elapsed() < Duration::from_secs(30) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // port taken, most likely: try another
-                }
-                if self.try_sql("SELECT 1").is_ok() {
-                    self.server = Some(child);
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(30));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
             self.port = 0;
         }
         panic!(

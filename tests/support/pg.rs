@@ -6,9 +6,9 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{free_port, TempDir};
+use super::{free_port, start_server, TempDir};
 
 pub const PASSWORD: &str = "t3st-pw-Zq81";
 
@@ -182,30 +182,19 @@ impl Pg {
                 .stdout(log.try_clone().expect("log"))
                 .stderr(log);
             as_owner(&mut cmd, self.owner);
-            // Its own process group, so the whole server (postmaster and
-            // backends) can be frozen at once.
-            cmd.process_group(0);
-            // SAFETY: prctl only; the server must not outlive a killed test.
-            unsafe {
-                cmd.pre_exec(|| {
-                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGQUIT)?;
-                    Ok(())
-                });
+            // Its own process group (start_server), so the whole server
+            // (postmaster and backends) can be frozen at once.
+            self.server = start_server(
+                &mut cmd,
+                "postgres",
+                nix::sys::signal::Signal::SIGQUIT,
+                Duration::from_secs(30),
+                Duration::from_millis(30),
+                || self.try_sql("SELECT 1").is_ok(),
+            );
+            if self.server.is_some() {
+                return;
             }
-            let mut child = cmd.spawn().expect("start postgres");
-            let t0 = Instant::now();
-            while t0.elapsed() < Duration::from_secs(30) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // port taken, most likely: try another
-                }
-                if self.try_sql("SELECT 1").is_ok() {
-                    self.server = Some(child);
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(30));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
             self.port = 0;
         }
         panic!(

@@ -4,13 +4,12 @@
 //! PgBouncer refuses to run as root, so as root it runs as the user that
 //! runs the test Postgres.
 
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::pg::{as_owner, server_owner, PASSWORD};
-use super::{free_port, Pg, TempDir};
+use super::{free_port, start_server, Pg, TempDir};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -106,28 +105,15 @@ impl Bouncer {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
             as_owner(&mut cmd, owner);
-            cmd.process_group(0);
-            // SAFETY: prctl only; the pooler must not outlive a killed test.
-            unsafe {
-                cmd.pre_exec(|| {
-                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-                    Ok(())
-                });
-            }
-            let mut child = cmd.spawn().expect("start pgbouncer");
-            let t0 = Instant::now();
-            let mut b = None;
-            while t0.elapsed() < Duration::from_secs(15) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // port taken, most likely: try another
-                }
-                if pg.try_sql_via(port, "SELECT 1").is_ok_and(|out| out == "1") {
-                    b = Some(port);
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(30));
-            }
-            if let Some(port) = b {
+            let started = start_server(
+                &mut cmd,
+                "pgbouncer",
+                nix::sys::signal::Signal::SIGKILL,
+                Duration::from_secs(15),
+                Duration::from_millis(30),
+                || pg.try_sql_via(port, "SELECT 1").is_ok_and(|out| out == "1"),
+            );
+            if let Some(child) = started {
                 return Bouncer {
                     port,
                     mode,
@@ -135,8 +121,6 @@ impl Bouncer {
                     child,
                 };
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
         panic!(
             "could not start pgbouncer (see {})",

@@ -2,11 +2,10 @@
 //! a password (so a wrong one is testable), nothing saved to disk. Never
 //! touches the machine's shared Redis on 6379.
 
-use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{free_port, TempDir};
+use super::{free_port, start_server, TempDir};
 
 pub const PASSWORD: &str = "r3dis-pw-Kx42";
 
@@ -73,29 +72,18 @@ impl Redis {
             }
             cmd.stdin(Stdio::null())
                 .stdout(log.try_clone().expect("log"))
-                .stderr(log)
-                .process_group(0);
-            // SAFETY: prctl only; the server must not outlive a killed test.
-            unsafe {
-                cmd.pre_exec(|| {
-                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-                    Ok(())
-                });
+                .stderr(log);
+            self.server = start_server(
+                &mut cmd,
+                "redis-server",
+                nix::sys::signal::Signal::SIGKILL,
+                Duration::from_secs(20),
+                Duration::from_millis(20),
+                || cli_as(port, PASSWORD, &["PING"]).as_deref() == Ok("PONG"),
+            );
+            if self.server.is_some() {
+                return;
             }
-            let mut child = cmd.spawn().expect("start redis-server");
-            let t0 = Instant::now();
-            while t0.elapsed() < Duration::from_secs(20) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // the port was taken after all: try another
-                }
-                if cli_as(port, PASSWORD, &["PING"]).as_deref() == Ok("PONG") {
-                    self.server = Some(child);
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
             self.port = 0;
         }
         panic!("could not start a throwaway redis-server");
