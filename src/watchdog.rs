@@ -413,6 +413,19 @@ impl State {
         false
     }
 
+    /// Act on the lines read, in order; then, if the pipe closed, on
+    /// leaderrun's death. True when the watchdog's work is over.
+    fn feed(&mut self, lines: &[String], open: bool) -> bool {
+        if lines.iter().any(|l| self.apply(l)) {
+            return true;
+        }
+        if !open {
+            self.orphaned();
+            return true;
+        }
+        false
+    }
+
     /// leaderrun died: stop everything at once, and once all of it is gone,
     /// hand the lease back.
     fn orphaned(&mut self) {
@@ -593,13 +606,7 @@ pub fn main() -> i32 {
         leaderrun,
         me: std::process::id() as i32,
     };
-    for l in &later {
-        if st.apply(l) {
-            return 0;
-        }
-    }
-    if !open {
-        st.orphaned();
+    if st.feed(&later, open) {
         return 0;
     }
     loop {
@@ -627,13 +634,7 @@ pub fn main() -> i32 {
         if fds[0].revents != 0 {
             let mut lines = Vec::new();
             let open = read_lines(&mut buf, &mut lines);
-            for l in &lines {
-                if st.apply(l) {
-                    return 0;
-                }
-            }
-            if !open {
-                st.orphaned();
+            if st.feed(&lines, open) {
                 return 0;
             }
         }
