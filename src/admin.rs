@@ -202,9 +202,12 @@ fn ago(ms: i64) -> String {
 
 fn state(l: &LeaseInfo) -> String {
     match (&l.holder, l.expires_in_ms) {
-        (Some(_), ms) if ms > 0 => format!("held, expires in {}", ago(ms)),
-        (Some(_), ms) => format!("expired {} ago", ago(ms)),
-        (None, ms) => format!("free since {} ago", ago(ms.min(0))),
+        (Some(_), Some(ms)) if ms > 0 => format!("held, expires in {}", ago(ms)),
+        (Some(_), Some(ms)) => format!("expired {} ago", ago(ms)),
+        (Some(_), None) => "held".into(),
+        (None, Some(ms)) => format!("free since {} ago", ago(ms.min(0))),
+        // A store that deletes the lease key keeps no time of its end.
+        (None, None) => "free".into(),
     }
 }
 
@@ -214,7 +217,7 @@ fn lease_json(l: &LeaseInfo) -> String {
         .opt_str("holder", l.holder.as_deref())
         .int("epoch", l.epoch)
         .bool("live", l.is_live())
-        .int("expires_in_ms", l.expires_in_ms);
+        .opt_int("expires_in_ms", l.expires_in_ms);
     j.finish()
 }
 
@@ -270,5 +273,30 @@ async fn check<S: crate::store::Store>(
             tracing::warn!(event = "check_failed", epoch, "no lease named {name}");
             Ok(NO)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(holder: Option<&str>, ms: Option<i64>) -> LeaseInfo {
+        LeaseInfo {
+            name: "n".into(),
+            holder: holder.map(str::to_string),
+            epoch: 3,
+            expires_in_ms: ms,
+        }
+    }
+
+    /// A store that deletes the lease key (Redis, etcd) keeps no time of a
+    /// free lease's end: none is made up.
+    #[test]
+    fn a_free_lease_without_a_known_end_shows_no_age() {
+        assert_eq!(state(&info(None, None)), "free");
+        assert!(lease_json(&info(None, None)).contains("\"expires_in_ms\":null"));
+        assert_eq!(state(&info(None, Some(-1500))), "free since 1.5s ago");
+        assert_eq!(state(&info(Some("h"), Some(2500))), "held, expires in 2.5s");
+        assert_eq!(state(&info(Some("h"), Some(-200))), "expired 0.2s ago");
     }
 }

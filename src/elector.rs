@@ -289,7 +289,8 @@ impl<S: Store, C: Clock> Elector<S, C> {
                         // our clock after the answer arrived: the answer
                         // took time to come back, so this is no earlier
                         // than the store's expiry.
-                        let left = Duration::from_millis(info.expires_in_ms.max(0) as u64);
+                        let left =
+                            Duration::from_millis(info.expires_in_ms.unwrap_or(0).max(0) as u64);
                         expires_at = Some(self.clock.now() + left + EXPIRY_MARGIN);
                     }
                     if log_it {
@@ -564,7 +565,7 @@ pub fn describe_held(info: &LeaseInfo) -> String {
     // The holder comes from the store: a row written by hand may hold
     // anything, and this line goes to a terminal or a journal.
     let holder = info.holder.as_deref().map(crate::names::printable);
-    match (&holder, info.expires_in_ms) {
+    match (&holder, info.expires_in_ms.unwrap_or(0)) {
         (Some(h), ms) if ms > 0 => format!(
             "lease {} held by {h} (epoch {}) for another {}",
             info.name,

@@ -341,7 +341,7 @@ fn held_for(ms_left: i64) -> Option<LeaseInfo> {
         name: "n".into(),
         holder: Some("other".into()),
         epoch: 1,
-        expires_in_ms: ms_left,
+        expires_in_ms: Some(ms_left),
     })
 }
 

@@ -52,6 +52,17 @@ impl Json {
         self
     }
 
+    pub fn opt_int(&mut self, k: &str, v: Option<i64>) -> &mut Json {
+        match v {
+            Some(v) => self.int(k, v),
+            None => {
+                self.key(k);
+                self.out.push_str("null");
+                self
+            }
+        }
+    }
+
     pub fn bool(&mut self, k: &str, v: bool) -> &mut Json {
         self.key(k);
         self.out.push_str(if v { "true" } else { "false" });

@@ -173,7 +173,7 @@ fn stale_renew_and_release_are_refused(srv: Server) {
         );
         let info = a.inspect("n", T).await.expect("inspect").expect("row");
         assert_eq!((info.holder.as_deref(), info.epoch), (Some("b"), eb));
-        assert!(info.expires_in_ms > 9000, "{info:?}");
+        assert!(info.expires_in_ms.expect("an expiry") > 9000, "{info:?}");
         assert!(
             b.renew("n", "b", eb, L, T).await.expect("renew"),
             "the current grant renews"
@@ -234,7 +234,8 @@ fn min_hold_keeps_the_lease(srv: Server) {
         let info = b.inspect("m", T).await.expect("inspect").expect("row");
         assert_eq!(info.holder.as_deref(), Some("a"));
         assert!(
-            info.expires_in_ms > 0 && info.expires_in_ms as u128 <= keep.as_millis(),
+            info.expires_in_ms.expect("an expiry") > 0
+                && info.expires_in_ms.expect("an expiry") as u128 <= keep.as_millis(),
             "{info:?}"
         );
         let (e2, won) = acquire_when_free(&mut b, "m", "b", L, Duration::from_secs(5)).await;
@@ -320,7 +321,7 @@ fn clear_and_status(srv: Server) {
             .expect("clear")
             .expect("cleared");
         assert_eq!((was.holder.as_deref(), was.epoch), (Some("ha"), ea));
-        assert!(was.expires_in_ms > 0, "{was:?}");
+        assert!(was.expires_in_ms.expect("an expiry") > 0, "{was:?}");
         let now = s.inspect("a", T).await.expect("inspect").expect("row");
         assert!(now.holder.is_none() && !now.is_live(), "{now:?}");
         assert!(

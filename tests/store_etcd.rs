@@ -85,7 +85,8 @@ fn stale_renew_and_stale_release_are_refused() {
         let info = b.inspect("n", T).await.unwrap().expect("row");
         assert_eq!((info.holder.as_deref(), info.epoch), (Some("b"), 2));
         assert!(
-            info.expires_in_ms > 1000 && info.expires_in_ms <= 3000,
+            info.expires_in_ms.expect("an expiry") > 1000
+                && info.expires_in_ms.expect("an expiry") <= 3000,
             "{info:?}"
         );
     });
@@ -137,7 +138,8 @@ fn release_with_keep_holds_until_then() {
         let info = b.inspect("n", T).await.unwrap().expect("row");
         assert_eq!(info.holder.as_deref(), Some("a"));
         assert!(
-            info.expires_in_ms > 0 && info.expires_in_ms <= 2000,
+            info.expires_in_ms.expect("an expiry") > 0
+                && info.expires_in_ms.expect("an expiry") <= 2000,
             "{info:?}"
         );
         // The key moved to a lease of its own: the holder's was revoked.
@@ -204,7 +206,7 @@ fn list_and_clear() {
         assert_eq!(a.clear("freed", None, T).await.unwrap(), None, "free");
         let was = a.clear("held", Some(1), T).await.unwrap().expect("cleared");
         assert_eq!((was.holder.as_deref(), was.epoch), (Some("a"), 1));
-        assert!(was.expires_in_ms > 0, "{was:?}");
+        assert!(was.expires_in_ms.expect("an expiry") > 0, "{was:?}");
         // Cleared means revoked too: the holder's keepalive fails at once.
         assert!(!a.renew("held", "a", 1, L, T).await.unwrap(), "cleared");
         assert_eq!(a.acquire("held", "b", L, T).await.unwrap(), Some(2));
@@ -274,7 +276,13 @@ fn a_lease_shorter_than_etcds_minimum_is_refused() {
         // 1.5 s becomes 2 s on the server.
         let ep = a.acquire("n", "a", Duration::from_millis(1500), T).await;
         assert_eq!(ep.unwrap(), Some(1));
-        let ms = a.inspect("n", T).await.unwrap().expect("row").expires_in_ms;
+        let ms = a
+            .inspect("n", T)
+            .await
+            .unwrap()
+            .expect("row")
+            .expires_in_ms
+            .expect("an expiry");
         // etcd reports whole seconds left, rounded down.
         assert!((1000..=2000).contains(&ms), "{ms}");
     });

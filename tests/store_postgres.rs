@@ -85,7 +85,8 @@ fn release_frees_at_once_and_next_epoch_is_higher() {
         let info = a.inspect("n", T).await.unwrap().expect("row");
         assert_eq!((info.holder.as_deref(), info.epoch), (Some("b"), 2));
         assert!(
-            info.expires_in_ms > 4000 && info.expires_in_ms <= 5000,
+            info.expires_in_ms.expect("an expiry") > 4000
+                && info.expires_in_ms.expect("an expiry") <= 5000,
             "{info:?}"
         );
     });
@@ -108,10 +109,14 @@ fn release_with_keep_holds_until_then() {
         );
         let info = b.inspect("n", T).await.unwrap().expect("row");
         assert!(
-            info.expires_in_ms <= 800 && info.expires_in_ms > 0,
+            info.expires_in_ms.expect("an expiry") <= 800
+                && info.expires_in_ms.expect("an expiry") > 0,
             "{info:?}"
         );
-        tokio::time::sleep(Duration::from_millis(info.expires_in_ms as u64 + 20)).await;
+        tokio::time::sleep(Duration::from_millis(
+            info.expires_in_ms.expect("an expiry") as u64 + 20,
+        ))
+        .await;
         assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), Some(2));
     });
 }

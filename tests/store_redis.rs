@@ -84,7 +84,7 @@ fn stale_renew_and_stale_release_are_refused() {
         assert!(!a.release("n", "a", 1, ZERO, T).await.unwrap());
         let info = b.inspect("n", T).await.unwrap();
         assert_eq!(holder_epoch(&info), Some((Some("b"), 2)));
-        let ms = info.expect("row").expires_in_ms;
+        let ms = info.expect("row").expires_in_ms.expect("an expiry");
         assert!(ms > 4000 && ms <= 5000, "{ms}");
     });
 }
@@ -106,7 +106,13 @@ fn expiry_frees_the_lease_by_the_servers_clock() {
         tokio::time::sleep(Duration::from_millis(700)).await;
         // 1.4 s after acquiring: alive only thanks to the renewal.
         assert_eq!(b.acquire("n", "b", short, T).await.unwrap(), None);
-        let left = b.inspect("n", T).await.unwrap().expect("row").expires_in_ms;
+        let left = b
+            .inspect("n", T)
+            .await
+            .unwrap()
+            .expect("row")
+            .expires_in_ms
+            .expect("an expiry");
         assert!(left > 0 && left <= 600, "{left}");
         tokio::time::sleep(Duration::from_millis(left as u64 + 50)).await;
         let free = b.inspect("n", T).await.unwrap().expect("row");
@@ -129,10 +135,14 @@ fn release_with_keep_holds_until_then() {
         let info = b.inspect("n", T).await.unwrap().expect("row");
         assert_eq!(info.holder.as_deref(), Some("a"));
         assert!(
-            info.expires_in_ms > 0 && info.expires_in_ms <= 800,
+            info.expires_in_ms.expect("an expiry") > 0
+                && info.expires_in_ms.expect("an expiry") <= 800,
             "{info:?}"
         );
-        tokio::time::sleep(Duration::from_millis(info.expires_in_ms as u64 + 30)).await;
+        tokio::time::sleep(Duration::from_millis(
+            info.expires_in_ms.expect("an expiry") as u64 + 30,
+        ))
+        .await;
         assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), Some(2));
     });
 }
@@ -180,7 +190,7 @@ fn list_and_clear() {
         assert_eq!(a.clear("freed", None, T).await.unwrap(), None, "free");
         let was = a.clear("held", Some(1), T).await.unwrap().expect("cleared");
         assert_eq!((was.holder.as_deref(), was.epoch), (Some("a"), 1));
-        assert!(was.expires_in_ms > 0, "{was:?}");
+        assert!(was.expires_in_ms.expect("an expiry") > 0, "{was:?}");
         assert!(!a.renew("held", "a", 1, L, T).await.unwrap(), "cleared");
         assert_eq!(a.acquire("held", "b", L, T).await.unwrap(), Some(2));
     });

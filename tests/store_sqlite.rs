@@ -44,13 +44,14 @@ fn seed_five_steps() {
             .await
             .unwrap()
             .unwrap()
-            .expires_in_ms;
+            .expires_in_ms
+            .expect("an expiry");
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(a.renew("sweeper", "node-a", 1, L, T).await.unwrap());
         let after = b.inspect("sweeper", T).await.unwrap().unwrap();
         assert_eq!(after.epoch, 1, "renewal keeps the epoch");
         assert!(
-            after.expires_in_ms > before - 20 + 10,
+            after.expires_in_ms.expect("an expiry") > before - 20 + 10,
             "renewal moves expiry: {before} -> {after:?}"
         );
         sql(&db, "UPDATE leader_lease SET expires_at = 0").await;

@@ -569,14 +569,14 @@ impl EtcdStore {
                     // ends within (TTL, TTL + 1] s. Shown as the latest
                     // end, so a key etcd still keeps never reads as expired
                     // (TTL 0 means under a second, not gone; -1 is gone).
-                    expires_in_ms: left.saturating_add(1).saturating_mul(1000),
+                    expires_in_ms: Some(left.saturating_add(1).saturating_mul(1000)),
                 })
             }
             None => counter.map(|epoch| LeaseInfo {
                 name: name.to_string(),
                 holder: None,
                 epoch,
-                expires_in_ms: 0,
+                expires_in_ms: None,
             }),
         })
     }

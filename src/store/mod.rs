@@ -106,13 +106,16 @@ pub struct LeaseInfo {
     pub name: String,
     pub holder: Option<String>,
     pub epoch: i64,
-    /// Milliseconds until expiry; negative when already expired.
-    pub expires_in_ms: i64,
+    /// Milliseconds until expiry; negative when already expired (for a
+    /// free lease on a SQL store: how long ago it was freed). `None` where
+    /// the store cannot know: a free lease on a store that deletes the
+    /// lease key (Redis, etcd) keeps no time of its end.
+    pub expires_in_ms: Option<i64>,
 }
 
 impl LeaseInfo {
     pub fn is_live(&self) -> bool {
-        self.holder.is_some() && self.expires_in_ms > 0
+        self.holder.is_some() && self.expires_in_ms.is_some_and(|ms| ms > 0)
     }
 }
 

@@ -335,7 +335,7 @@ fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, StoreError> {
                 holder: Some(holder.to_string()),
                 epoch,
                 // -1: a key without expiry, which only a hand-made key has.
-                expires_in_ms: if pttl >= 0 { pttl } else { i64::MAX },
+                expires_in_ms: Some(if pttl >= 0 { pttl } else { i64::MAX }),
             })
         }
         // Free (released or expired): the counter still says which epoch
@@ -344,7 +344,7 @@ fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, StoreError> {
             name: name.to_string(),
             holder: None,
             epoch,
-            expires_in_ms: 0,
+            expires_in_ms: None,
         }),
         (None, None) => None,
     })
@@ -532,7 +532,7 @@ mod tests {
         let i = parse_info("n", &v).expect("ok").expect("some");
         assert_eq!(
             (i.holder.as_deref(), i.epoch, i.expires_in_ms),
-            (Some("host:1:abc"), 7, 900)
+            (Some("host:1:abc"), 7, Some(900))
         );
         let free = Value::Array(vec![
             Value::BulkString(b"3".to_vec()),

@@ -142,7 +142,7 @@ where
         name: r.try_get(0)?,
         holder: r.try_get(1)?,
         epoch: r.try_get(2)?,
-        expires_in_ms: r.try_get(3)?,
+        expires_in_ms: Some(r.try_get(3)?),
     })
 }
 
