@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::cli::{Admin, Common};
 use crate::exit;
 use crate::json::Json;
-use crate::store::{Init, LeaseInfo, Store, StoreAdmin, StoreError};
+use crate::store::{Init, LeaseInfo, Replication, Store, StoreAdmin, StoreError};
 
 /// Admin calls are one-shot; this bounds connecting plus the statement.
 const CALL: Duration = Duration::from_secs(10);
@@ -51,14 +51,27 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
         crate::logging::set_context(name, "");
     }
     let res = match cmd {
-        Admin::Status { name, json } => match &name {
-            Some(n) => store
-                .inspect(n, CALL)
-                .await
-                .map(|l| l.into_iter().collect()),
-            None => store.list(CALL).await,
+        Admin::Status { name, json } => {
+            let leases = match &name {
+                Some(n) => store
+                    .inspect(n, CALL)
+                    .await
+                    .map(|l| l.into_iter().collect()),
+                None => store.list(CALL).await,
+            };
+            match leases {
+                Ok(leases) => {
+                    // What a failover can lose is worth a line, not a
+                    // failed status: a role that may not look says so.
+                    let repl = store
+                        .replication(CALL)
+                        .await
+                        .unwrap_or_else(|e| Replication::unknown(format!("not known ({e})")));
+                    Ok(status(leases, name, json, Some(&repl)))
+                }
+                Err(e) => Err(e),
+            }
         }
-        .map(|leases| status(leases, name, json)),
         Admin::Release { name, epoch } => release(&mut store, &name, epoch).await,
         Admin::Check { name, epoch } => check(&mut store, &name, epoch).await,
         Admin::Init { print: true } => match store.schema() {
@@ -119,7 +132,7 @@ fn file_store(choice: Option<(&str, crate::store::Origin)>) -> Option<std::path:
 /// for an embedded store that does not exist yet: none).
 fn answer(cmd: Admin, leases: Vec<LeaseInfo>) -> i32 {
     match cmd {
-        Admin::Status { name, json } => status(leases, name, json),
+        Admin::Status { name, json } => status(leases, name, json, None),
         Admin::Release { name, epoch } => {
             not_released(&name, epoch);
             NO
@@ -132,9 +145,23 @@ fn answer(cmd: Admin, leases: Vec<LeaseInfo>) -> i32 {
     }
 }
 
-fn status(leases: Vec<LeaseInfo>, name: Option<String>, json: bool) -> i32 {
+/// The failover line under the table, and its JSON fields.
+fn can_lose(r: &Replication) -> &'static str {
+    match r.can_lose_acknowledged {
+        Some(true) => "a failover can lose an acknowledged acquisition",
+        Some(false) => "a failover cannot lose an acknowledged acquisition",
+        None => "whether a failover can lose an acknowledged acquisition is not known",
+    }
+}
+
+fn status(
+    leases: Vec<LeaseInfo>,
+    name: Option<String>,
+    json: bool,
+    repl: Option<&Replication>,
+) -> i32 {
     if json {
-        let objs: Vec<String> = leases.iter().map(lease_json).collect();
+        let objs: Vec<String> = leases.iter().map(|l| lease_json(l, repl)).collect();
         match &name {
             Some(_) => crate::outln!("{}", objs.first().map(String::as_str).unwrap_or("null")),
             None => crate::outln!("[{}]", objs.join(",")),
@@ -177,6 +204,11 @@ fn status(leases: Vec<LeaseInfo>, name: Option<String>, json: bool) -> i32 {
                 r[3]
             );
         }
+        // Scripts read `--json`; the table is for people, and this line is
+        // what they should know about the store under it.
+        if let Some(r) = repl {
+            crate::outln!("replication: {}; {}", r.detail, can_lose(r));
+        }
     }
     if name.is_some() && leases.is_empty() {
         if !json {
@@ -211,13 +243,20 @@ fn state(l: &LeaseInfo) -> String {
     }
 }
 
-fn lease_json(l: &LeaseInfo) -> String {
+fn lease_json(l: &LeaseInfo, repl: Option<&Replication>) -> String {
     let mut j = Json::new();
     j.str("name", &l.name)
         .opt_str("holder", l.holder.as_deref())
         .int("epoch", l.epoch)
         .bool("live", l.is_live())
         .opt_int("expires_in_ms", l.expires_in_ms);
+    if let Some(r) = repl {
+        j.str("replication", &r.detail);
+        match r.can_lose_acknowledged {
+            Some(b) => j.bool("failover_can_lose_acquisition", b),
+            None => j.opt_str("failover_can_lose_acquisition", None),
+        };
+    }
     j.finish()
 }
 
@@ -294,7 +333,7 @@ mod tests {
     #[test]
     fn a_free_lease_without_a_known_end_shows_no_age() {
         assert_eq!(state(&info(None, None)), "free");
-        assert!(lease_json(&info(None, None)).contains("\"expires_in_ms\":null"));
+        assert!(lease_json(&info(None, None), None).contains("\"expires_in_ms\":null"));
         assert_eq!(state(&info(None, Some(-1500))), "free since 1.5s ago");
         assert_eq!(state(&info(Some("h"), Some(2500))), "held, expires in 2.5s");
         assert_eq!(state(&info(Some("h"), Some(-200))), "expired 0.2s ago");

@@ -234,6 +234,28 @@ pub enum Init {
     NothingToDo,
 }
 
+/// What the store's replication can do to an acknowledged write, as
+/// `leaderrun status` shows it (docs/stores.md, "what a failover of the
+/// store can break").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replication {
+    /// `Some(true)`: a failover can lose an acknowledged acquisition (an
+    /// asynchronous replica promoted); `Some(false)`: it cannot (synchronous
+    /// replication, a quorum, a single host); `None`: the store cannot tell.
+    pub can_lose_acknowledged: Option<bool>,
+    /// One line for people: "asynchronous, 2 standbys", "single host", …
+    pub detail: String,
+}
+
+impl Replication {
+    pub fn unknown(detail: impl Into<String>) -> Replication {
+        Replication {
+            can_lose_acknowledged: None,
+            detail: detail.into(),
+        }
+    }
+}
+
 /// Everything beyond the lease loop: what the store is, what it promises,
 /// and the operators' subcommands. Every store implements all of it.
 pub trait StoreAdmin: Store {
@@ -257,6 +279,15 @@ pub trait StoreAdmin: Store {
     /// Create what the store needs (the lease table), when missing.
     fn init(&mut self, _timeout: Duration) -> impl Future<Output = Result<Init, StoreError>> {
         async { Ok(Init::NothingToDo) }
+    }
+
+    /// What the store's replication can lose (for `status`). Stores that
+    /// cannot tell keep the default.
+    fn replication(
+        &mut self,
+        _timeout: Duration,
+    ) -> impl Future<Output = Result<Replication, StoreError>> {
+        async { Ok(Replication::unknown("not known")) }
     }
 
     /// Every lease, by name. A row a store cannot make sense of is shown
@@ -312,6 +343,7 @@ pub trait DynStore {
     fn wakeups_dyn(&self) -> Option<push::AnyWakeups>;
     fn schema_dyn(&self) -> Option<Schema>;
     fn init_dyn(&mut self, t: Duration) -> Fut<'_, Init>;
+    fn replication_dyn(&mut self, t: Duration) -> Fut<'_, Replication>;
     fn list_dyn(&mut self, t: Duration) -> Fut<'_, Vec<LeaseInfo>>;
     fn clear_dyn<'a>(
         &'a mut self,
@@ -368,6 +400,9 @@ impl<S: StoreAdmin> DynStore for S {
     }
     fn init_dyn(&mut self, t: Duration) -> Fut<'_, Init> {
         Box::pin(self.init(t))
+    }
+    fn replication_dyn(&mut self, t: Duration) -> Fut<'_, Replication> {
+        Box::pin(self.replication(t))
     }
     fn list_dyn(&mut self, t: Duration) -> Fut<'_, Vec<LeaseInfo>> {
         Box::pin(self.list(t))
@@ -435,6 +470,9 @@ impl StoreAdmin for AnyStore {
     }
     async fn init(&mut self, t: Duration) -> Result<Init, StoreError> {
         self.as_mut().init_dyn(t).await
+    }
+    async fn replication(&mut self, t: Duration) -> Result<Replication, StoreError> {
+        self.as_mut().replication_dyn(t).await
     }
     async fn list(&mut self, t: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
         self.as_mut().list_dyn(t).await

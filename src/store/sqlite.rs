@@ -492,6 +492,13 @@ impl StoreAdmin for SqliteStore {
         self.s.d.shown()
     }
 
+    async fn replication(&mut self, _timeout: Duration) -> Result<super::Replication, StoreError> {
+        Ok(super::Replication {
+            can_lose_acknowledged: Some(false),
+            detail: "none (one host, one file)".into(),
+        })
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             pushes_wakeups: true,
