@@ -109,6 +109,10 @@ pub struct Elector<S, C> {
     wakeups: Option<AnyWakeups>,
     /// The subscription is known broken (logged once per outage).
     push_broken: bool,
+    /// A failover of the store may extend a lease by up to its full length
+    /// (etcd re-extends every lease when a new leader takes over), so a
+    /// lease that could not be handed back may outlive `sent + L`.
+    failover_extends_lease: bool,
 }
 
 /// Added to a lease's time to expiry when scheduling the next attempt for
@@ -132,7 +136,14 @@ impl<S: Store, C: Clock> Elector<S, C> {
             observer: None,
             wakeups: None,
             push_broken: false,
+            failover_extends_lease: false,
         }
+    }
+
+    /// The store's failover may extend a lease by up to its full length
+    /// (see [`Elector::release_after_loss`]).
+    pub fn failover_extends_lease(&mut self, yes: bool) {
+        self.failover_extends_lease = yes;
     }
 
     /// Wake up for a release instead of waiting for the next poll.
@@ -218,7 +229,8 @@ impl<S: Store, C: Clock> Elector<S, C> {
         let now = self.clock.now();
         if now >= sent + self.timing.give_up {
             let late = now - sent;
-            self.hand_back(epoch, Duration::ZERO, sent).await;
+            self.hand_back_until(epoch, Duration::ZERO, sent + self.timing.lease)
+                .await;
             return Err(StoreError::Unavailable(format!(
                 "the store confirmed the lease only after {}, too late to use it",
                 humantime::format_duration(round_ms(late))
@@ -261,14 +273,25 @@ impl<S: Store, C: Clock> Elector<S, C> {
             let res = self.attempt(until).await;
             if let Ok(sig) = interrupt.try_recv() {
                 if let Ok(Some(lease)) = res {
-                    self.hand_back(lease.epoch, Duration::ZERO, lease.sent)
-                        .await;
+                    self.hand_back_until(
+                        lease.epoch,
+                        Duration::ZERO,
+                        lease.sent + self.timing.lease,
+                    )
+                    .await;
                 }
                 return Waited::Interrupted(sig);
             }
             let mut expires_at = None;
             match res {
-                Ok(Some(lease)) => return Waited::Acquired(lease),
+                Ok(Some(lease)) => {
+                    if failing {
+                        // The retry that found the store healed also won:
+                        // the trouble a cron mail shows must still end.
+                        tracing::warn!(event = "store_recovered", "the store answers again");
+                    }
+                    return Waited::Acquired(lease);
+                }
                 Ok(None) if !wait => {
                     let info = self
                         .who_holds(tracing::enabled!(tracing::Level::INFO))
@@ -511,52 +534,120 @@ impl<S: Store, C: Clock> Elector<S, C> {
     }
 
     /// Release after the child has been reaped. With `min_hold`, the lease is
-    /// kept (holder recorded) until `min_hold` after acquisition. The call is
-    /// bounded by the time the lease has left anyway: past that, it expires
-    /// on its own and talking to the store gains nothing.
+    /// kept (holder recorded) until `min_hold` after acquisition. Retried
+    /// like a renewal (see [`Elector::hand_back_until`]) until the lease
+    /// would have expired anyway: a store that restarted under us must not
+    /// leave a standby waiting out the lease after a clean stop.
     pub async fn release(&mut self, lease: &Lease, min_hold: Option<Duration>) -> bool {
         let elapsed = self.clock.now().saturating_sub(lease.acquired_at);
         let keep = min_hold
             .map(|m| m.saturating_sub(elapsed))
             .unwrap_or_default();
-        self.hand_back(lease.epoch, keep, lease.sent).await
+        self.hand_back_until(lease.epoch, keep, lease.sent + self.timing.lease)
+            .await
     }
 
-    async fn hand_back(&mut self, epoch: i64, keep: Duration, sent: Stamp) -> bool {
-        let expires = sent + self.timing.lease;
-        let now = self.clock.now();
-        if now >= expires {
-            return false;
+    /// Hand the lease back after it was lost to the store's silence (the
+    /// give-up deadline passed, or the process woke too late), once
+    /// everything the command started is gone. The store may still hold the
+    /// lease for us: until `sent + L` by our reckoning, and on a store whose
+    /// failover re-extends leases (etcd) up to a lease longer. Trying until
+    /// then lets the next holder start as soon as the store answers again,
+    /// instead of a whole (possibly re-extended) lease later. The release
+    /// names our epoch, so it frees nothing that someone else took since.
+    pub async fn release_after_loss(&mut self, lease: &Lease) -> bool {
+        let mut until = lease.sent + self.timing.lease;
+        if self.failover_extends_lease {
+            until += self.timing.lease;
         }
-        let budget = (expires - now).min(self.timing.renew);
-        let res = tokio::select! {
-            biased;
-            _ = self.clock.sleep_until(now + budget) => Err(StoreError::Unavailable("release timed out".into())),
-            r = self.store.release(&self.name, &self.holder, epoch, keep, budget) => r,
-        };
-        match res {
-            Ok(true) => {
-                if keep.is_zero() {
-                    tracing::info!(event = "released", epoch, "released");
-                } else {
-                    tracing::info!(
-                        event = "released",
-                        epoch,
-                        "released; kept for another {} (--min-hold)",
-                        humantime::format_duration(round_ms(keep))
-                    );
-                }
-                true
+        self.hand_back_until(lease.epoch, Duration::ZERO, until)
+            .await
+    }
+
+    /// Release at `epoch`, retried like a renewal (docs/contract.md §3): the
+    /// first retry at once (the failed call's connection is gone, and a
+    /// fresh one often works), later ones every `min(P, R, (G − R)/4)`, each
+    /// call abandoned after `min(R/2, (G − R)/2)`, until `until`, past which
+    /// the lease ends by itself and talking to the store gains nothing.
+    /// True when this call freed (or, with `keep`, shortened) the lease.
+    pub async fn hand_back_until(&mut self, epoch: i64, keep: Duration, until: Stamp) -> bool {
+        let t = self.timing;
+        let mut failures = 0u32;
+        let mut last = None;
+        loop {
+            let sent = self.clock.now();
+            if sent >= until {
+                break;
             }
-            Ok(false) => false,
-            Err(e) => {
+            let budget = (until - sent).min(t.call_cap());
+            let res = tokio::select! {
+                biased;
+                _ = self.clock.sleep_until(sent + budget) => Err(StoreError::Unavailable(format!(
+                    "no answer within {}", humantime::format_duration(round_ms(budget))))),
+                r = self.store.release(&self.name, &self.holder, epoch, keep, budget) => r,
+            };
+            let e = match res {
+                Ok(freed) => {
+                    if failures > 0 {
+                        // At the level of the warning it ends.
+                        tracing::warn!(
+                            event = "store_recovered",
+                            epoch,
+                            "the store answers again after {failures} failed release attempt(s)"
+                        );
+                    }
+                    if freed {
+                        self.log_released(epoch, keep);
+                    }
+                    return freed;
+                }
+                Err(e) => e,
+            };
+            if !e.may_heal() {
+                // A wrong password or a missing grant will not heal within
+                // a lease; the lease ends by itself.
+                last = Some(e);
+                break;
+            }
+            if failures == 0 {
+                let left = until.saturating_sub(self.clock.now());
                 tracing::warn!(
                     event = "release_failed",
                     epoch,
-                    "could not release ({e}); the lease will expire by itself"
+                    "could not release ({e}); retrying for up to {}",
+                    humantime::format_duration(round_ms(left))
                 );
-                false
+            } else {
+                tracing::debug!(event = "release_failed", epoch, "{e}");
             }
+            last = Some(e);
+            failures += 1;
+            if failures > 1 {
+                self.clock
+                    .sleep_until((sent + t.renew_retry()).min(until))
+                    .await;
+            }
+        }
+        if let Some(e) = last {
+            tracing::warn!(
+                event = "release_failed",
+                epoch,
+                "could not release ({e}); the lease will expire by itself"
+            );
+        }
+        false
+    }
+
+    fn log_released(&self, epoch: i64, keep: Duration) {
+        if keep.is_zero() {
+            tracing::info!(event = "released", epoch, "released");
+        } else {
+            tracing::info!(
+                event = "released",
+                epoch,
+                "released; kept for another {} (--min-hold)",
+                humantime::format_duration(round_ms(keep))
+            );
         }
     }
 }

@@ -34,6 +34,7 @@ type Step<T> = (Duration, Option<Result<T, StoreError>>);
 struct Script {
     acquire: VecDeque<Step<Option<i64>>>,
     renew: VecDeque<Step<bool>>,
+    release: VecDeque<Step<bool>>,
     /// What `inspect` answers (None: no such lease).
     held: Option<LeaseInfo>,
     /// (what, when) for every call that reached the store.
@@ -105,11 +106,12 @@ impl Store for Fake {
         _: Duration,
         _: Duration,
     ) -> Result<bool, StoreError> {
-        self.s
-            .borrow_mut()
-            .calls
-            .push(("release", self.clock.now()));
-        Ok(true)
+        let step = {
+            let mut s = self.s.borrow_mut();
+            s.calls.push(("release", self.clock.now()));
+            s.release.pop_front()
+        };
+        play(step, true).await
     }
     async fn inspect(&mut self, _: &str, _: Duration) -> Result<Option<LeaseInfo>, StoreError> {
         Ok(self.s.borrow().held.clone())
@@ -468,5 +470,185 @@ async fn a_broken_subscription_falls_back_to_polling() {
     assert_eq!(
         fake.calls("acquire"),
         vec![ms(0), ms(0), ms(10_000), ms(20_000)]
+    );
+}
+
+/// What the elector logged while `f` ran, as fmt lines.
+async fn logged<F: std::future::Future>(f: F) -> (F::Output, String) {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let sink = buf.clone();
+    let sub = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || sink.clone())
+        .finish();
+    let _g = tracing::subscriber::set_default(sub);
+    let out = f.await;
+    let text = String::from_utf8_lossy(&buf.0.lock().unwrap()).into_owned();
+    (out, text)
+}
+
+fn fails_at_once(n: usize) -> VecDeque<Step<bool>> {
+    (0..n).map(|_| (Duration::ZERO, unavailable())).collect()
+}
+
+/// A release that fails (the store restarted under the holder) is retried
+/// like a renewal: the first retry at once, on a fresh connection, then every
+/// `min(P, R, (G − R)/4)` = 250 ms here, so a clean stop still hands over.
+#[tokio::test(start_paused = true)]
+async fn a_failed_release_is_retried_like_a_renewal() {
+    let script = Script {
+        release: fails_at_once(3),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    let lease = lease_at(e.clock().now());
+    tokio::time::advance(ms(100)).await;
+    let (freed, log) = logged(e.release(&lease, None)).await;
+    assert!(freed);
+    assert_eq!(
+        fake.calls("release"),
+        vec![ms(100), ms(100), ms(350), ms(600)]
+    );
+    assert!(log.contains("could not release"), "{log}");
+    // The trouble is logged once and its end too.
+    assert_eq!(log.matches("WARN").count(), 2, "{log}");
+    assert!(
+        log.contains("store_recovered") || log.contains("answers again"),
+        "{log}"
+    );
+}
+
+/// No retry outlives the lease: past `sent + L` it has expired by itself.
+#[tokio::test(start_paused = true)]
+async fn release_retries_stop_when_the_lease_would_have_expired() {
+    let script = Script {
+        release: fails_at_once(100),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    let lease = lease_at(e.clock().now());
+    tokio::time::advance(ms(2200)).await;
+    let (freed, log) = logged(e.release(&lease, None)).await;
+    assert!(!freed);
+    let calls = fake.calls("release");
+    assert_eq!(calls.first(), Some(&ms(2200)));
+    assert!(calls.iter().all(|c| *c < ms(3000)), "{calls:?}");
+    assert_eq!(calls.len(), 5, "{calls:?}"); // 2.2, 2.2, 2.45, 2.7, 2.95
+    assert_eq!(e.clock().now(), ms(3000));
+    assert!(log.contains("will expire by itself"), "{log}");
+}
+
+/// One hung release call is abandoned after the call cap (500 ms here) and
+/// retried, as a renewal is.
+#[tokio::test(start_paused = true)]
+async fn a_hung_release_is_abandoned_and_retried() {
+    let mut script = Script::default();
+    script.release.push_back((Duration::ZERO, None));
+    let (mut e, fake) = elector(script);
+    let lease = lease_at(e.clock().now());
+    assert!(e.release(&lease, None).await);
+    assert_eq!(fake.calls("release"), vec![ms(0), ms(500)]);
+}
+
+/// A wrong password will not heal within a lease: one attempt.
+#[tokio::test(start_paused = true)]
+async fn a_release_refused_for_good_is_not_retried() {
+    let mut script = Script::default();
+    script
+        .release
+        .push_back((ms(5), Some(Err(StoreError::Fatal("no grant".into())))));
+    let (mut e, fake) = elector(script);
+    let lease = lease_at(e.clock().now());
+    assert!(!e.release(&lease, None).await);
+    assert_eq!(fake.calls("release"), vec![ms(0)]);
+}
+
+/// After a loss to the store's silence the lease is still ours in the store
+/// until `sent + L`: it is handed back once the store answers.
+#[tokio::test(start_paused = true)]
+async fn after_a_loss_the_lease_is_handed_back_when_the_store_answers() {
+    let script = Script {
+        release: fails_at_once(4),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    let lease = lease_at(e.clock().now());
+    tokio::time::advance(ms(2100)).await; // given up at G, command stopped
+    assert!(e.release_after_loss(&lease).await);
+    let calls = fake.calls("release");
+    assert_eq!(calls.len(), 5);
+    assert_eq!(calls[4], ms(2100 + 250 * 3));
+    // Without a store that extends leases on failover, never past sent + L.
+    let script = Script {
+        release: fails_at_once(100),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    let lease = lease_at(e.clock().now());
+    tokio::time::advance(ms(2500)).await;
+    assert!(!e.release_after_loss(&lease).await);
+    assert!(fake.calls("release").iter().all(|c| *c < ms(3000)));
+}
+
+/// etcd re-extends every lease by its TTL when a new leader takes over: a
+/// lease lost in such a failover may live up to a lease past `sent + L`.
+#[tokio::test(start_paused = true)]
+async fn on_a_store_whose_failover_extends_leases_the_hand_back_tries_a_lease_longer() {
+    let script = Script {
+        release: fails_at_once(100),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    e.failover_extends_lease(true);
+    let lease = lease_at(e.clock().now());
+    tokio::time::advance(ms(2500)).await;
+    assert!(!e.release_after_loss(&lease).await);
+    let calls = fake.calls("release");
+    assert!(calls.iter().any(|c| *c > ms(5500)), "{calls:?}");
+    assert!(calls.iter().all(|c| *c < ms(6000)), "{calls:?}");
+    // A normal release is still bounded by sent + L: it follows a renewal
+    // the store accepted, not a failover.
+    let script = Script {
+        release: fails_at_once(100),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    e.failover_extends_lease(true);
+    let lease = lease_at(e.clock().now());
+    assert!(!e.release(&lease, None).await);
+    assert!(fake.calls("release").iter().all(|c| *c < ms(3000)));
+}
+
+/// A waiter's trouble ends in the log even when the retry that found the
+/// store healed also won the lease.
+#[tokio::test(start_paused = true)]
+async fn store_recovered_follows_an_outage_that_ends_in_acquiring() {
+    let mut script = Script::default();
+    script
+        .acquire
+        .push_back((ms(10), Some(Err(StoreError::Unavailable("down".into())))));
+    script.acquire.push_back((ms(10), Some(Ok(Some(4)))));
+    let (mut e, _) = elector(script);
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let (w, log) = logged(e.wait_for_lease(true, None, &mut rx)).await;
+    assert!(matches!(w, Waited::Acquired(_)), "{w:?}");
+    let trouble = log.find("store_error").or_else(|| log.find("down"));
+    let recovered = log.find("the store answers again");
+    assert!(
+        matches!((trouble, recovered), (Some(a), Some(b)) if a < b),
+        "{log}"
     );
 }

@@ -308,7 +308,9 @@ impl Run {
             cfg.holder
         );
         let wakeups = if cfg.push { cfg.store.wakeups() } else { None };
+        let extends = cfg.store.capabilities().failover_extends_lease;
         let mut elector = Elector::new(cfg.store, clock, cfg.name.clone(), cfg.holder.clone(), t);
+        elector.failover_extends_lease(extends);
         if let Some(w) = wakeups {
             elector.push(w);
         }
@@ -405,8 +407,10 @@ impl Run {
             holder: self.holder.clone(),
             epoch: lease.epoch,
             lease: t.lease,
+            renew: t.renew,
             give_up: t.give_up,
             kill_after: t.kill_after,
+            retry: t.retry,
             min_hold: self.min_hold,
             acquired_at: lease.acquired_at,
             deadline: lease.sent + t.give_up,
@@ -557,10 +561,12 @@ impl Run {
         code
     }
 
-    /// The lease was lost: stop everything, exit 75. No release: the lease
-    /// is either someone else's or ours only until it expires, at most
-    /// L - G - K from now, and a store we could not renew with would only
-    /// delay the exit.
+    /// The lease was lost: stop everything, exit 75. Once all of it is gone
+    /// the lease is handed back at our epoch, unless someone else already
+    /// holds it: after a loss to the store's silence the store may still
+    /// hold it for us (until `sent + L`, and on etcd, whose leader change
+    /// re-extends every lease, up to a whole lease longer), and the next
+    /// holder should start when the store answers again, not then.
     async fn after_loss(
         &mut self,
         lease: &Lease,
@@ -581,7 +587,7 @@ impl Run {
         }
         let (t, clock) = (self.t, self.clock);
         let kill_at = (clock.now() + t.kill_after).min(lost.deadline + t.kill_after);
-        let (st, _) = child.stop(&clock, kill_at, signals).await;
+        let (st, gone) = child.stop(&clock, kill_at, signals).await;
         child.cleanup();
         self.finish_watchdog();
         tracing::warn!(
@@ -590,6 +596,9 @@ impl Run {
             "command stopped (status {}); exiting 75",
             status_code(st)
         );
+        if gone && lost.reason != crate::elector::LossReason::Superseded {
+            self.elector.release_after_loss(lease).await;
+        }
         exit::LOST
     }
 

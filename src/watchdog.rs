@@ -58,8 +58,12 @@ pub struct Orders {
     pub holder: String,
     pub epoch: i64,
     pub lease: Duration,
+    /// `R` and `P`: the release after leaderrun's death is retried on the
+    /// renewal's schedule (elector.rs, `hand_back_until`).
+    pub renew: Duration,
     pub give_up: Duration,
     pub kill_after: Duration,
+    pub retry: Duration,
     pub min_hold: Option<Duration>,
     pub acquired_at: Stamp,
     /// `sent + G` of the acquisition.
@@ -101,16 +105,19 @@ fn origin_from(s: &str) -> Option<crate::store::Origin> {
 impl Orders {
     fn encode(&self) -> String {
         format!(
-            "{MAGIC}\nstore {}\norigin {}\nname {}\nholder {}\nepoch {}\nlease {}\ngive_up {}\n\
-             kill_after {}\nmin_hold {}\nacquired {}\ndeadline {}\nlog {} {} {}\nend\n",
+            "{MAGIC}\nstore {}\norigin {}\nname {}\nholder {}\nepoch {}\nlease {}\nrenew {}\n\
+             give_up {}\nkill_after {}\nretry {}\nmin_hold {}\nacquired {}\ndeadline {}\n\
+             log {} {} {}\nend\n",
             self.store.as_deref().unwrap_or("-"),
             origin_code(self.origin),
             self.name,
             self.holder,
             self.epoch,
             ns(self.lease),
+            ns(self.renew),
             ns(self.give_up),
             ns(self.kill_after),
+            ns(self.retry),
             self.min_hold.map_or("-".into(), |d| ns(d).to_string()),
             ns(self.acquired_at),
             ns(self.deadline),
@@ -138,8 +145,10 @@ impl Orders {
             holder: get("holder")?,
             epoch: get("epoch")?.parse().ok()?,
             lease: dur("lease")?,
+            renew: dur("renew")?,
             give_up: dur("give_up")?,
             kill_after: dur("kill_after")?,
+            retry: dur("retry")?,
             min_hold: get("min_hold").and_then(|v| from_ns(&v)),
             acquired_at: dur("acquired")?,
             deadline: dur("deadline")?,
@@ -482,17 +491,11 @@ impl State {
         self.release(expires);
     }
 
+    /// Hand the lease back at our epoch, retried as leaderrun retries it
+    /// (elector.rs, `hand_back_until`), until the lease would have expired
+    /// anyway (on a store whose failover re-extends leases, a lease later).
     fn release(&self, expires: Stamp) {
-        let now = boottime_now();
-        if now >= expires {
-            return;
-        }
-        let budget = (expires - now).min(self.o.give_up);
-        let keep = self
-            .o
-            .min_hold
-            .map(|m| m.saturating_sub(now.saturating_sub(self.o.acquired_at)))
-            .unwrap_or_default();
+        let o = &self.o;
         let rt = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -500,22 +503,35 @@ impl State {
             Ok(rt) => rt,
             Err(_) => return,
         };
-        let o = &self.o;
+        let t = crate::timing::Timing {
+            lease: o.lease,
+            renew: o.renew,
+            give_up: o.give_up,
+            kill_after: o.kill_after,
+            retry: o.retry,
+        };
         let res = rt.block_on(async {
-            use crate::store::Store;
-            let mut store =
-                crate::store::resolve(o.store.clone(), o.origin, "leaderrun watchdog", budget)
-                    .map_err(|e| crate::store::StoreError::Fatal(e.to_string()))?;
-            tokio::time::timeout(
-                budget,
-                store.release(&o.name, &o.holder, o.epoch, keep, budget),
+            use crate::store::StoreAdmin;
+            let store = crate::store::resolve(
+                o.store.clone(),
+                o.origin,
+                "leaderrun watchdog",
+                t.call_cap(),
             )
-            .await
-            .unwrap_or_else(|_| {
-                Err(crate::store::StoreError::Unavailable(
-                    "release timed out".into(),
-                ))
-            })
+            .map_err(|e| e.to_string())?;
+            let mut until = expires;
+            if store.capabilities().failover_extends_lease {
+                until += o.lease;
+            }
+            let clock = crate::clock::BootClock;
+            let now = crate::clock::Clock::now(&clock);
+            let keep = o
+                .min_hold
+                .map(|m| m.saturating_sub(now.saturating_sub(o.acquired_at)))
+                .unwrap_or_default();
+            let mut e =
+                crate::elector::Elector::new(store, clock, o.name.clone(), o.holder.clone(), t);
+            Ok::<bool, String>(e.hand_back_until(o.epoch, keep, until).await)
         });
         match res {
             Ok(true) => tracing::warn!(
@@ -667,8 +683,10 @@ mod tests {
             holder: "host:1:ab cd".into(),
             epoch: 7,
             lease: Duration::from_millis(3000),
+            renew: Duration::from_millis(1000),
             give_up: Duration::from_millis(2000),
             kill_after: Duration::from_millis(500),
+            retry: Duration::from_millis(400),
             min_hold: Some(Duration::from_secs(60)),
             acquired_at: Duration::new(12345, 678),
             deadline: Duration::new(12347, 678),

@@ -729,6 +729,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     min_lease: Duration::from_secs(2),
     max_lease: MAX_STORED,
     pushes_wakeups: true,
+    failover_extends_lease: true,
 };
 
 impl StoreAdmin for EtcdStore {

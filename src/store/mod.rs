@@ -132,6 +132,10 @@ pub struct Capabilities {
     /// Whether the store can wake a waiting contender when the lease is
     /// freed (instead of the contender polling every `P`).
     pub pushes_wakeups: bool,
+    /// Whether a failover of the store may extend a lease by up to its full
+    /// length (etcd: a new leader re-extends every lease by its TTL), so a
+    /// lease that could not be handed back may outlive `sent + L`.
+    pub failover_extends_lease: bool,
 }
 
 /// Ten years: far beyond any sensible lease or `--min-hold`, far inside the
@@ -146,6 +150,7 @@ impl Capabilities {
         min_lease: Duration::from_millis(1),
         max_lease: MAX_STORED,
         pushes_wakeups: false,
+        failover_extends_lease: false,
     };
 
     /// The lease the store will really grant for `requested`: rounded up to
@@ -751,6 +756,7 @@ mod tests {
             min_lease: Duration::from_secs(2),
             max_lease: MAX_STORED,
             pushes_wakeups: true,
+            failover_extends_lease: true,
         };
         assert_eq!(
             etcd_like.grant(Duration::from_millis(2500)),
