@@ -142,6 +142,7 @@ fn a_stalled_link_starts_nothing_and_hands_the_lease_back() {
         res.stderr
     );
     // One attempt, bounded by G.
+    eprintln!("stalled link, replicas=1, try-once: exit 125 after {took:?}");
     assert!(took < Duration::from_millis(G_MS as u64 + 1000), "{took:?}");
     assert_eq!(p.primary.cli(&["EXISTS", "{leaderrun:f}:lease"]), "0");
     assert_eq!(p.primary.cli(&["GET", "{leaderrun:f}:epoch"]), "1");
@@ -214,6 +215,11 @@ fn with_replicas_a_failover_hands_over_without_overlap() {
         (stopped - stalled) / MS,
         G_MS + K_MS
     );
+    eprintln!(
+        "replicas=1: a's command stopped {} ms after the stall (G + K = {} ms)",
+        (stopped - stalled) / MS,
+        G_MS + K_MS
+    );
     p.primary.crash();
     b.wait_writes("b", 3);
     signal(second.id(), Signal::SIGTERM);
@@ -226,6 +232,12 @@ fn with_replicas_a_failover_hands_over_without_overlap() {
     let next = the_run(&runs, "b");
     assert_eq!((first.epoch, next.epoch), (1, 2), "{runs:?}");
     assert!(next.times[0] > stopped, "{runs:?}");
+    eprintln!(
+        "replicas=1: epochs {} then {}; b started {} ms after a's command stopped",
+        first.epoch,
+        next.epoch,
+        (next.times[0] - stopped) / MS
+    );
     let rep = b.check();
     assert!(rep.summary.contains("overlaps: 0"), "{}", rep.summary);
     assert!(rep.violations.is_empty(), "{:?}", rep.violations);
@@ -262,6 +274,17 @@ fn without_replicas_a_failover_can_run_two_holders_at_one_epoch() {
     let runs = b.runs();
     let (first, next) = (the_run(&runs, "a"), the_run(&runs, "b"));
     assert_eq!((first.epoch, next.epoch), (1, 1), "{runs:?}");
+    let both = first
+        .times
+        .last()
+        .copied()
+        .unwrap_or(0)
+        .min(next.times.last().copied().unwrap_or(0))
+        .saturating_sub(next.times[0]);
+    eprintln!(
+        "no replicas=: both holders at epoch 1, side by side for {} ms",
+        both / MS
+    );
     let rep = b.check();
     assert!(!rep.summary.contains("overlaps: 0"), "{}", rep.summary);
     assert!(
@@ -300,6 +323,7 @@ fn a_restarted_primary_stops_the_holder_at_its_next_renewal() {
     assert_eq!(st.code(), Some(75), "{log}");
     assert!(!alive(child));
     assert!(log.contains("run_id"), "{log}");
+    eprintln!("restarted primary: the holder exited 75 {took:?} after the restart");
     // At its next renewal: within R of the restart (plus the stop itself).
     assert!(took < Duration::from_millis(2000 + 500), "{took:?}: {log}");
     assert!(!log.contains(PASSWORD), "{log}");

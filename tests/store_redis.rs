@@ -471,7 +471,7 @@ fn acquire_and_renew_wait_for_replicas() {
         assert_eq!(p.primary.cli(&["EXISTS", "{leaderrun:two}:lease"]), "0");
 
         p.link.stall();
-        let budget = Duration::from_millis(300);
+        let budget = Duration::from_millis(400);
         let t0 = Instant::now();
         let err = a.renew("n", "a", 1, L, budget).await.unwrap_err();
         let took = t0.elapsed();
@@ -506,6 +506,24 @@ fn acquire_and_renew_wait_for_replicas() {
         );
         p.link.heal();
     });
+}
+
+/// A WAIT the ACL refuses will not heal (exit 125), and the lease it could
+/// not confirm is handed back rather than left to expire.
+#[test]
+fn a_refused_wait_hands_the_lease_back() {
+    let r = Redis::start();
+    r.cli(&[
+        "ACL", "SETUSER", "nowait", "on", ">nw-pw", "~*", "&*", "+@all", "-wait",
+    ]);
+    let url = format!("redis://nowait:nw-pw@127.0.0.1:{}/0?replicas=1", r.port);
+    rt().block_on(async {
+        let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
+        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        assert!(err.to_string().contains("NOPERM"), "{err}");
+    });
+    assert_eq!(r.cli(&["EXISTS", "{leaderrun:n}:lease"]), "0");
+    assert_eq!(r.cli(&["GET", "{leaderrun:n}:epoch"]), "1");
 }
 
 /// A primary restarted under a held lease (a new run_id) may have lost the

@@ -76,9 +76,12 @@ return {e, redis.call('INFO', 'server'), redis.call('INFO', 'replication'),
 /// renewed.
 const RENEW_LUA: &str = r"
 if ARGV[3] ~= '' then
-  local id = string.match(redis.call('INFO', 'server'), '\nrun_id:(%x+)') or ''
-  local repl = string.match(redis.call('INFO', 'replication'), '\nmaster_replid:(%x+)') or ''
-  if id ~= ARGV[3] or repl ~= ARGV[4] then return {id, repl} end
+  local s = redis.call('INFO', 'server')
+  local r = redis.call('INFO', 'replication')
+  if not string.find(s, '\nrun_id:' .. ARGV[3] .. '\r', 1, true)
+    or not string.find(r, '\nmaster_replid:' .. ARGV[4] .. '\r', 1, true) then
+    return {string.match(s, '\nrun_id:(%x+)') or '', string.match(r, '\nmaster_replid:(%x+)') or ''}
+  end
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -741,7 +744,6 @@ enum Taken {
     /// back already.
     Unconfirmed {
         epoch: i64,
-        server: Server,
         why: String,
     },
 }
@@ -791,18 +793,20 @@ impl Store for RedisStore {
                     let left = deadline.saturating_duration_since(Instant::now());
                     let keep = reserve(rtt, left, Duration::from_millis(50), 4, 4);
                     if replicas > 0 {
-                        if let Some(why) =
-                            confirm(&mut c, replicas, &server, deadline, keep).await?
-                        {
-                            // Not acknowledged: give it back at once, at this
-                            // epoch only, so nobody waits out a lease whose
-                            // command never starts. Waiters are not woken: the
-                            // lease was never usable, and they would most
-                            // likely meet the same stalled replication.
+                        let confirmed = confirm(&mut c, replicas, &server, deadline, keep).await;
+                        if !matches!(confirmed, Ok(None)) {
+                            // Not acknowledged (or WAIT refused): give it
+                            // back at once, at this epoch only, so nobody
+                            // waits out a lease whose command never starts.
+                            // Waiters are not woken: the lease was never
+                            // usable, and they would most likely meet the
+                            // same stalled replication.
                             let value = lease_value(epoch, &args[0]);
                             let back = [value, "0".into(), String::new()];
-                            eval(&mut c, &RELEASE, &keys, &back).await?;
-                            return Ok((Taken::Unconfirmed { epoch, server, why }, c));
+                            let handed = eval(&mut c, &RELEASE, &keys, &back).await;
+                            let why = confirmed?.unwrap_or_default();
+                            handed?;
+                            return Ok((Taken::Unconfirmed { epoch, why }, c));
                         }
                     }
                     // `CONFIG GET` cannot run inside a script: once per run, and
@@ -845,14 +849,11 @@ impl Store for RedisStore {
                 });
                 Ok(Some(epoch))
             }
-            Taken::Unconfirmed { epoch, server, why } => {
-                self.warn_once(&server, None);
-                Err(StoreError::Unavailable(format!(
-                    "cannot acquire in the store {}: the acquisition (epoch {epoch}) {why}, so \
+            Taken::Unconfirmed { epoch, why } => Err(StoreError::Unavailable(format!(
+                "cannot acquire in the store {}: the acquisition (epoch {epoch}) {why}, so \
                      it was handed back",
-                    self.redacted
-                )))
-            }
+                self.redacted
+            ))),
         }
     }
 
@@ -903,7 +904,7 @@ impl Store for RedisStore {
                     let left = deadline.saturating_duration_since(Instant::now());
                     // Only the reply follows; one that comes late fails the
                     // renewal all the same.
-                    let keep = reserve(rtt, left, Duration::from_millis(10), 10, 2);
+                    let keep = reserve(rtt, left, Duration::from_millis(10), 5, 2);
                     Ok(
                         match confirm(&mut c, replicas, &primary, deadline, keep).await? {
                             Some(why) => (Renewed::Unconfirmed(why), c),
@@ -924,11 +925,15 @@ impl Store for RedisStore {
                 // trusted any longer, and the command is stopped at once.
                 let mut what = Vec::new();
                 if now_id != run_id {
-                    what.push(format!("run_id {} → {}", short(&run_id), short(&now_id)));
+                    what.push(format!(
+                        "run_id was {}, is {}",
+                        short(&run_id),
+                        short(&now_id)
+                    ));
                 }
                 if now_replid != replid {
                     what.push(format!(
-                        "master_replid {} → {}",
+                        "master_replid was {}, is {}",
                         short(&replid),
                         short(&now_replid)
                     ));
@@ -1266,7 +1271,7 @@ mod tests {
         assert_eq!(reserve(ms(1), ms(1300), ms(50), 4, 4), ms(325));
         // A slow round trip takes more, never more than half.
         assert_eq!(reserve(ms(100), ms(300), ms(50), 4, 4), ms(150));
-        assert_eq!(reserve(ms(1), ms(300), ms(10), 10, 2), ms(30));
+        assert_eq!(reserve(ms(1), ms(300), ms(10), 5, 2), ms(60));
         let soon = Instant::now() + ms(50);
         assert_eq!(
             wait_ms(soon, ms(60)),
