@@ -477,7 +477,7 @@ fn acquire_and_renew_wait_for_replicas() {
         let took = t0.elapsed();
         assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
         assert!(err.to_string().contains("0 of 1 replica"), "{err}");
-        assert!(took <= budget + Duration::from_millis(50), "{took:?}");
+        assert!(took <= budget + Duration::from_millis(100), "{took:?}");
 
         let t0 = Instant::now();
         let err = a
@@ -487,7 +487,7 @@ fn acquire_and_renew_wait_for_replicas() {
         let took = t0.elapsed();
         assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
         assert!(err.to_string().contains("handed back"), "{err}");
-        assert!(took <= Duration::from_millis(550), "{took:?}");
+        assert!(took <= Duration::from_millis(600), "{took:?}");
         assert_eq!(p.primary.cli(&["EXISTS", "{leaderrun:m}:lease"]), "0");
         assert_eq!(p.primary.cli(&["GET", "{leaderrun:m}:epoch"]), "1");
 
