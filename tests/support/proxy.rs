@@ -1,7 +1,10 @@
 //! A TCP proxy that injects network faults between one leaderrun and its
 //! store: `blackhole` keeps every connection open and accepts new ones but
 //! delivers nothing in either direction (a partition, not a refusal);
-//! `reset` drops every connection; `heal` forwards again.
+//! `stall` delivers nothing either but loses nothing: what was sent arrives
+//! once the link heals (a congested or paused link, such as a replication
+//! stream that must stay intact); `reset` drops every connection; `heal`
+//! forwards again.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -12,6 +15,7 @@ use std::thread;
 pub struct Proxy {
     pub port: u16,
     black: Arc<AtomicBool>,
+    stalled: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<TcpStream>>>,
     stop: Arc<AtomicBool>,
 }
@@ -21,9 +25,11 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("proxy bind");
         let port = listener.local_addr().expect("addr").port();
         let black = Arc::new(AtomicBool::new(false));
+        let stalled = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (b, c, s) = (black.clone(), conns.clone(), stop.clone());
+        let st = stalled.clone();
         thread::spawn(move || {
             for client in listener.incoming() {
                 if s.load(Ordering::SeqCst) {
@@ -45,13 +51,15 @@ impl Proxy {
                     client.try_clone().expect("clone"),
                     server.try_clone().expect("clone"),
                     b.clone(),
+                    st.clone(),
                 );
-                pump(server, client, b.clone());
+                pump(server, client, b.clone(), st.clone());
             }
         });
         Proxy {
             port,
             black,
+            stalled,
             conns,
             stop,
         }
@@ -61,8 +69,14 @@ impl Proxy {
         self.black.store(true, Ordering::SeqCst);
     }
 
+    /// Hold everything back, in both directions, without losing a byte.
+    pub fn stall(&self) {
+        self.stalled.store(true, Ordering::SeqCst);
+    }
+
     pub fn heal(&self) {
         self.black.store(false, Ordering::SeqCst);
+        self.stalled.store(false, Ordering::SeqCst);
     }
 
     pub fn reset(&self) {
@@ -72,13 +86,18 @@ impl Proxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, black: Arc<AtomicBool>) {
+fn pump(mut from: TcpStream, mut to: TcpStream, black: Arc<AtomicBool>, stalled: Arc<AtomicBool>) {
     thread::spawn(move || {
         let mut buf = [0u8; 16384];
         loop {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    // Stalled: hold this chunk and read no more, so the rest
+                    // waits in the kernel's buffers, in order.
+                    while stalled.load(Ordering::SeqCst) {
+                        thread::sleep(std::time::Duration::from_millis(1));
+                    }
                     // Blackholed bytes are lost, as on a partitioned link.
                     if black.load(Ordering::SeqCst) {
                         continue;
@@ -96,6 +115,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, black: Arc<AtomicBool>) {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.heal();
         self.reset();
         let _ = TcpStream::connect(("127.0.0.1", self.port));
     }
