@@ -28,6 +28,8 @@ pub(crate) trait Dialect {
     fn connect(&mut self) -> impl Future<Output = Result<Self::Conn, StoreError>>;
     /// Server errors that may heal by themselves, beyond the network.
     fn may_heal(e: &sqlx::Error) -> bool;
+    /// The URL parameters that name files read for TLS.
+    const TLS_FILES: &'static [&'static str] = &[];
 }
 
 pub(crate) struct Session<D: Dialect> {
@@ -110,14 +112,93 @@ pub(crate) fn message(e: &sqlx::Error) -> String {
 /// Errors that may heal whatever the server: the network, a lost or
 /// unexpected connection state. Authentication, permissions, TLS and
 /// configuration errors will not.
+///
+/// sqlx reports TLS trouble in two shapes: `Error::Tls` for what it finds
+/// before the handshake (a CA file that is not PEM, a server without TLS
+/// where the URL requires it), and `Error::Io` wrapping a `rustls::Error`
+/// for what the handshake finds (rustls turns its errors into
+/// `io::ErrorKind::InvalidData`). The second shape is also how a refused or
+/// reset connection arrives, so only a rustls error that names a
+/// certificate or a mismatch of configuration is taken as will-not-heal:
+/// an unknown CA, a wrong host name, an expired certificate, a client
+/// certificate the server refused. A garbled record (a middlebox, a
+/// flaky link) stays may-heal.
 fn may_heal(e: &sqlx::Error) -> bool {
-    matches!(
-        e,
-        sqlx::Error::Io(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::Protocol(_)
-            | sqlx::Error::WorkerCrashed
-    )
+    match e {
+        sqlx::Error::Io(io) => !tls_refusal(io),
+        sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
+}
+
+/// A TLS handshake that failed over certificates or configuration, which
+/// no retry can change.
+fn tls_refusal(io: &std::io::Error) -> bool {
+    use tokio_rustls::rustls::{AlertDescription as A, Error as T};
+    let Some(t) = io.get_ref().and_then(|e| e.downcast_ref::<T>()) else {
+        return false;
+    };
+    match t {
+        T::InvalidCertificate(_)
+        | T::NoCertificatesPresented
+        | T::UnsupportedNameType
+        | T::PeerIncompatible(_)
+        | T::InvalidCertRevocationList(_)
+        | T::NoApplicationProtocol
+        | T::InconsistentKeys(_) => true,
+        T::AlertReceived(a) => matches!(
+            a,
+            A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::AccessDenied
+                | A::HandshakeFailure
+                | A::ProtocolVersion
+                | A::InsufficientSecurity
+                | A::CertificateRequired
+                | A::UnrecognisedName
+        ),
+        _ => false,
+    }
+}
+
+/// Classify a failed connect. A file the URL names for TLS (a CA, a client
+/// certificate or key) that cannot be read comes back from sqlx as a bare
+/// `Io` error ("No such file or directory"), which looks like a network
+/// error and would be retried for ever: when one of the named files is
+/// unreadable, that is the cause, it will not heal by itself, and the
+/// error says which file and which parameter. The files are looked at only
+/// after a failure, so a healthy connect costs nothing.
+pub(crate) fn connect_failed<D: Dialect>(d: &D, e: &sqlx::Error) -> StoreError {
+    let context = format!("cannot connect to the store {}", d.shown());
+    if let sqlx::Error::Io(_) = e {
+        if let Some(why) = unreadable_tls_file(&d.shown(), D::TLS_FILES) {
+            return StoreError::Fatal(format!("{context}: {why}"));
+        }
+    }
+    classify::<D>(&context, e)
+}
+
+/// The first file named by one of `params` in the (shown) URL that cannot
+/// be read, as "cannot read PATH (named by PARAM): REASON". The shown URL
+/// has its passwords starred but its file parameters as given.
+fn unreadable_tls_file(shown: &str, params: &[&str]) -> Option<String> {
+    let url = url::Url::parse(shown).ok()?;
+    url.query_pairs()
+        .filter(|(k, _)| params.contains(&k.as_ref()))
+        // sqlx takes a value that is PEM text itself as inline data.
+        .filter(|(_, v)| !v.trim_start().starts_with("-----BEGIN"))
+        .find_map(|(k, v)| {
+            std::fs::File::open(v.as_ref()).err().map(|e| {
+                format!(
+                    "cannot read {} (named by {k}): {e}",
+                    crate::names::printable(&v)
+                )
+            })
+        })
 }
 
 /// A duration as whole milliseconds for the store, clamped to
@@ -196,6 +277,27 @@ where
             "{m} (create it with the SQL from `leaderrun init --print`, or grant CREATE)"
         )),
     })
+}
+
+/// What status, check and release (and a run that finds its table gone)
+/// say when there is no lease table. Looking never creates it: pointed at
+/// the wrong database, a read-only command must not write there and then
+/// answer "nothing held".
+pub(crate) fn no_table(shown: &str) -> StoreError {
+    StoreError::Fatal(format!(
+        "there is no lease table leader_lease in the store {shown} (the wrong database?); \
+         status, check and release never create it: `leaderrun init` does, and so does a \
+         first run"
+    ))
+}
+
+/// What `init` says when the login lacks some of what a run needs.
+pub(crate) fn lacking(shown: &str, missing: &[String], grant: &str) -> StoreError {
+    StoreError::Fatal(format!(
+        "the login may not do what a run needs in the store {shown}: it lacks {}; \
+         grant it ({grant})",
+        missing.join(", ")
+    ))
 }
 
 /// Refuse query parameters the driver would not understand, naming the
