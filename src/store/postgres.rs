@@ -308,7 +308,7 @@ impl PgStore {
                     self.s.d.shown()
                 ));
             };
-            missing_table(sql::classify::<Pg>(
+            sql::cannot_create(sql::classify::<Pg>(
                 &format!(
                     "table leader_lease is missing in the store {}",
                     self.s.d.shown()
@@ -399,20 +399,6 @@ const UNDEFINED_TABLE: &str = "42P01";
 
 fn is_code(e: &sqlx::Error, code: &str) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some(code))
-}
-
-/// The hint that goes with a table that could not be created.
-fn missing_table(err: StoreError) -> StoreError {
-    match err {
-        // A read-only server (a standby, a primary demoted during a
-        // failover) may accept writes again soon: say so, and keep trying.
-        StoreError::Unavailable(m) => {
-            StoreError::Unavailable(format!("{m} (the table cannot be created now; retrying)"))
-        }
-        StoreError::Fatal(m) => StoreError::Fatal(format!(
-            "{m} (create it with the SQL from `leaderrun init --print`, or grant CREATE)"
-        )),
-    }
 }
 
 /// What PgBouncer says, with SQLSTATE 08P01 (a protocol violation, which
@@ -569,7 +555,7 @@ impl StoreAdmin for PgStore {
         if first_i64(&rows) == 0 {
             self.run(timeout, "cannot use", false, || Ok(TABLE_SQL.to_string()))
                 .await
-                .map_err(missing_table)?;
+                .map_err(sql::cannot_create)?;
         }
         let mut owner = None;
         for stmt in UPGRADE_SQL {

@@ -12,8 +12,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use sqlx::Row;
-
 use super::{LeaseInfo, StoreError, MAX_STORED};
 
 /// A query borrowed from the call site, run on a connection it lends.
@@ -28,6 +26,11 @@ pub(crate) trait Dialect {
     fn connect(&mut self) -> impl Future<Output = Result<Self::Conn, StoreError>>;
     /// Server errors that may heal by themselves, beyond the network.
     fn may_heal(e: &sqlx::Error) -> bool;
+    /// Whether `e` says the lease table does not exist (for the calls that
+    /// never create it; a dialect that creates it elsewhere keeps `false`).
+    fn no_table(_e: &sqlx::Error) -> bool {
+        false
+    }
     /// The URL parameters that name files read for TLS.
     const TLS_FILES: &'static [&'static str] = &[];
 }
@@ -78,6 +81,9 @@ impl<D: Dialect> Session<D> {
 
     /// `what` ("cannot renew in") the store, with the server's own words.
     pub fn error(&self, what: &str, e: &sqlx::Error) -> StoreError {
+        if D::no_table(e) {
+            return no_table(&self.d.shown());
+        }
         classify::<D>(&format!("{what} the store {}", self.d.shown()), e)
     }
 }
@@ -227,47 +233,9 @@ where
     })
 }
 
-/// Make sure the lease table exists: look, create when missing, and look
-/// again when the create failed (a concurrent creator may have won, since
-/// `CREATE … IF NOT EXISTS` is not atomic against another one). `exists`
-/// returns one BIGINT, non-zero when the table is there.
-pub(crate) async fn ensure_table<D, C, DB>(
-    s: &D,
-    conn: &mut C,
-    exists: &'static str,
-    create: &'static str,
-) -> Result<(), StoreError>
-where
-    D: Dialect,
-    DB: sqlx::Database,
-    for<'e> &'e mut C: sqlx::Executor<'e, Database = DB>,
-    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
-{
-    let classify = |what: &str, e: &sqlx::Error| classify::<D>(&format!("{what} {}", s.shown()), e);
-    let there =
-        |row: Option<DB::Row>| row.and_then(|r| r.try_get::<i64, _>(0).ok()).unwrap_or(0) != 0;
-    let row = sqlx::query(exists)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(|e| classify("cannot query the store", &e))?;
-    if there(row) {
-        return Ok(());
-    }
-    let Err(e) = sqlx::query(create).execute(&mut *conn).await else {
-        return Ok(());
-    };
-    let again = sqlx::query(exists)
-        .fetch_optional(&mut *conn)
-        .await
-        .ok()
-        .flatten();
-    if there(again) {
-        return Ok(());
-    }
-    let err = classify("table leader_lease is missing in", &e);
-    Err(match err {
+/// The hint that goes with a lease table that could not be created.
+pub(crate) fn cannot_create(err: StoreError) -> StoreError {
+    match err {
         // A read-only server (a standby, a primary demoted during a
         // failover) may accept writes again soon: say so, and keep trying.
         StoreError::Unavailable(m) => {
@@ -276,7 +244,7 @@ where
         StoreError::Fatal(m) => StoreError::Fatal(format!(
             "{m} (create it with the SQL from `leaderrun init --print`, or grant CREATE)"
         )),
-    })
+    }
 }
 
 /// What status, check and release (and a run that finds its table gone)
