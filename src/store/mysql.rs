@@ -263,7 +263,13 @@ impl Dialect for My {
     async fn connect(&mut self) -> Result<MySqlConnection, StoreError> {
         let mut conn = MySqlConnection::connect_with(&self.opts)
             .await
-            .map_err(|e| sql::connect_failed(self, &e))?;
+            .map_err(|e| match sql::connect_failed(self, &e) {
+                // 1044: no privilege at all in the URL's database.
+                StoreError::Fatal(m) if number(&e) == Some(1044) => {
+                    StoreError::Fatal(format!("{m} (a run needs {GRANT})"))
+                }
+                other => other,
+            })?;
         let g = self.call_timeout;
         let lock_wait = g.as_secs_f64().ceil().max(1.0) as u64;
         let settings = [
@@ -315,6 +321,9 @@ impl Dialect for My {
         )
     }
 }
+
+/// What a run needs, as an operator types it.
+const GRANT: &str = "GRANT SELECT, INSERT, UPDATE ON <database>.leader_lease TO <login>";
 
 /// ER_NO_SUCH_TABLE.
 const NO_SUCH_TABLE: u16 = 1146;
@@ -798,11 +807,7 @@ impl StoreAdmin for MySqlStore {
             .await?;
         let missing = out.map_err(|r| self.refused(what, r))?;
         if !missing.is_empty() {
-            return Err(sql::lacking(
-                &self.s.d.shown(),
-                &missing,
-                "GRANT SELECT, INSERT, UPDATE ON <database>.leader_lease TO <login>",
-            ));
+            return Err(sql::lacking(&self.s.d.shown(), &missing, GRANT));
         }
         Ok(Init::Ready)
     }
