@@ -602,8 +602,13 @@ impl MySqlStore {
         let shown = self.s.d.shown();
         let sync = |m: &str| format!("{what} the store {shown} (require=sync): {m}");
         match r {
+            // The server does not show a table to a login without any
+            // privilege on it, so "missing" may also mean "not yours".
             Refusal::Table(Some(e)) => sql::cannot_create(sql::classify::<My>(
-                &format!("table leader_lease is missing in the store {shown}"),
+                &format!(
+                    "table leader_lease is missing in the store {shown} \
+                     (or this login has no privilege on it)"
+                ),
                 &e,
             )),
             Refusal::Table(None) => StoreError::Fatal(format!(
