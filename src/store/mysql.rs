@@ -910,3 +910,60 @@ fn describe_replication(vars: &[(String, String)], st: &SemiSync) -> Replication
         _ => Replication::unknown("binary log off: no replica is fed from this server"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// What `status` says follows what the server reports, and only a
+    /// working semi-sync (or Galera) is "cannot lose".
+    #[test]
+    fn replication_is_told_from_the_servers_own_variables() {
+        let sync = |on, clients| SemiSync {
+            on,
+            clients,
+            no_tx: 0,
+        };
+        let cases = [
+            (vars(&[("wsrep_on", "ON")]), sync(None, 0), Some(false)),
+            (vars(&[("enabled", "ON")]), sync(Some(true), 2), Some(false)),
+            (vars(&[("enabled", "ON")]), sync(Some(true), 0), Some(true)),
+            (vars(&[("enabled", "ON")]), sync(Some(false), 1), Some(true)),
+            (vars(&[("log_bin", "ON")]), sync(Some(false), 0), Some(true)),
+            (vars(&[("log_bin", "OFF")]), sync(Some(false), 0), None),
+            (vars(&[]), sync(None, 0), None),
+        ];
+        for (v, st, want) in cases {
+            let r = describe_replication(&v, &st);
+            assert_eq!(r.can_lose_acknowledged, want, "{v:?} {st:?}: {}", r.detail);
+        }
+    }
+
+    fn opened(url: &str) -> Result<AnyStore, String> {
+        let url = url::Url::parse(url).expect("parses");
+        open(&Target {
+            url: &url,
+            app_name: "t",
+            call_timeout: Duration::from_secs(1),
+        })
+    }
+
+    #[test]
+    fn require_takes_sync_or_none_and_names_anything_else() {
+        assert!(opened("mysql://u@h/db?require=sync").is_ok());
+        assert!(opened("mysql://u@h/db?require=none&ssl-mode=DISABLED").is_ok());
+        let e = opened("mysql://u@h/db?require=Sync")
+            .err()
+            .expect("refused");
+        assert!(e.contains("require=Sync"), "{e}");
+        let e = opened("mysql://u:pw@h").err().expect("refused");
+        assert!(e.contains("names no database"), "{e}");
+    }
+}

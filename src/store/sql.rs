@@ -288,3 +288,39 @@ pub(crate) fn check_params(url: &url::Url, known: &[&str]) -> Result<(), String>
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A TLS file that cannot be read is named with the parameter that
+    /// named it; inline PEM and files that exist are not.
+    #[test]
+    fn unreadable_tls_files_are_named() {
+        let dir = std::env::temp_dir().join(format!("lr-tlsfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let there = dir.join("ca.crt");
+        std::fs::write(&there, "x").expect("write");
+        let gone = dir.join("gone.crt");
+        let params = &["sslrootcert", "sslcert"];
+        let url = |q: &str| format!("postgres://u:***@h/db?{q}");
+        let ok = url(&format!("sslrootcert={}", there.display()));
+        assert_eq!(unreadable_tls_file(&ok, params), None);
+        let pem = url("sslrootcert=-----BEGIN%20CERTIFICATE-----x");
+        assert_eq!(unreadable_tls_file(&pem, params), None);
+        let bad = url(&format!(
+            "sslmode=verify-full&sslrootcert={}&sslcert={}",
+            there.display(),
+            gone.display()
+        ));
+        let said = unreadable_tls_file(&bad, params).expect("named");
+        assert!(
+            said.starts_with(&format!(
+                "cannot read {} (named by sslcert): ",
+                gone.display()
+            )),
+            "{said}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
