@@ -180,9 +180,15 @@ fn tls_refusal(io: &std::io::Error) -> bool {
 /// after a failure, so a healthy connect costs nothing.
 pub(crate) fn connect_failed<D: Dialect>(d: &D, e: &sqlx::Error) -> StoreError {
     let context = format!("cannot connect to the store {}", d.shown());
-    if let sqlx::Error::Io(_) = e {
+    if let sqlx::Error::Io(io) = e {
         if let Some(why) = unreadable_tls_file(&d.shown(), D::TLS_FILES) {
             return StoreError::Fatal(format!("{context}: {why}"));
+        }
+        if tls_refusal(io) {
+            return StoreError::Fatal(format!(
+                "{context}: {} (the TLS handshake refused it: not retried)",
+                message(e)
+            ));
         }
     }
     classify::<D>(&context, e)
