@@ -146,9 +146,10 @@ fn an_unacknowledged_acquisition_or_renewal_does_not_count() {
         "{}",
         read(&log)
     );
-    // At most one renewal interval (1 s) until the next renewal, then the
-    // give-up time (2 s) with nothing acknowledged, and the stop.
-    assert!(took < 4 * SEC, "{took:?}");
+    // The last renewal that counts was sent before the freeze: SIGTERM by
+    // G (2 s) after it, SIGKILL by G + K (2.5 s), plus a second for the
+    // processes to go on a loaded machine.
+    assert!(took < Duration::from_millis(3500), "{took:?}");
     assert!(!alive(pid_in(&dir.file("h.pid"))));
 }
 
