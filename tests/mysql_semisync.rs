@@ -201,3 +201,57 @@ fn a_binary_log_without_semi_sync_is_asynchronous() {
     let r = run(lr(&sync_url(&my), "s", &[], "true"));
     assert_eq!(r.code, Some(125), "{}", r.stderr);
 }
+
+/// Not a check: what `require=sync` costs per call, against a primary and
+/// a semi-sync replica on this machine. 300 rounds, the two stores
+/// interleaved; medians. Run with
+/// `cargo nextest run --test mysql_semisync --run-ignored only -E 'test(cost)' --no-capture`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn require_sync_cost() {
+    use leaderrun::store::{open, Origin, Store};
+    let primary = My::start_primary();
+    let _replica = My::start_replica(&primary);
+    let t = 5 * SEC;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let urls = [primary.url(), sync_url(&primary)];
+        let mut stores: Vec<_> = urls
+            .iter()
+            .map(|u| open(Some((u, Origin::Flag)), "cost", t).expect("open"))
+            .collect();
+        stores[0].acquire("warm", "h", t, t).await.expect("warm");
+        let mut took = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+        for i in 0..300 {
+            for (k, s) in stores.iter_mut().enumerate() {
+                let name = format!("c{k}-{i}");
+                let t0 = Instant::now();
+                let e = s.acquire(&name, "h", t, t).await.expect("acquire");
+                took[k][0].push(t0.elapsed());
+                let e = e.expect("free");
+                let t0 = Instant::now();
+                assert!(s.renew(&name, "h", e, t, t).await.expect("renew"));
+                took[k][1].push(t0.elapsed());
+                s.release(&name, "h", e, Duration::ZERO, t)
+                    .await
+                    .expect("release");
+            }
+        }
+        let med = |v: &mut Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2].as_secs_f64() * 1000.0
+        };
+        let [[a0, r0], [a1, r1]] = &mut took;
+        eprintln!(
+            "acquire median: plain {:.3} ms, require=sync {:.3} ms; \
+             renew median: plain {:.3} ms, require=sync {:.3} ms",
+            med(a0),
+            med(a1),
+            med(r0),
+            med(r1)
+        );
+    });
+}
