@@ -66,7 +66,9 @@ fn concurrent_acquires_have_one_winner(srv: Server) {
     rt().block_on(async {
         let mut racers: Vec<AnyStore> = (0..8).map(|_| store(&srv.url)).collect();
         for s in racers.iter_mut() {
-            // connect (and create the table) before the race starts
+            // connect (and create the table: looking never does) before
+            // the race starts
+            s.init(T).await.expect("init");
             s.inspect("warmup", T).await.expect("warm up");
         }
         let mut last = 0;
@@ -187,6 +189,7 @@ fn expiry_frees_the_lease_by_the_stores_clock(srv: Server) {
     rt().block_on(async {
         let (mut a, mut b) = (store(&srv.url), store(&srv.url));
         let l = Duration::from_secs(2);
+        a.init(T).await.expect("init");
         a.inspect("warm", T).await.expect("warm up");
         let sent = Instant::now();
         let e = a
@@ -284,6 +287,9 @@ fn epochs_strictly_increase(srv: Server) {
 fn clear_and_status(srv: Server) {
     rt().block_on(async {
         let mut s = store(&srv.url);
+        // The table (where there is one) comes from `init` or a first run:
+        // looking never creates it.
+        s.init(T).await.expect("init");
         assert!(
             s.list(T).await.expect("list").is_empty(),
             "a fresh store lists nothing"

@@ -184,7 +184,8 @@ fn no_push_makes_no_subscription() {
         pg.try_sql("SELECT count(*) FROM leader_lease WHERE holder IS NOT NULL")
             .is_ok_and(|n| n == "1")
     });
-    let listening = "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'listen%'";
+    let listening =
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'DO $$%LISTEN leaderrun_released%'";
     let (b, _) = waiter_as(&srv, &dir, "b", "np", &["--no-push"]);
     assert_eq!(pg.sql(listening), "0");
     // The same count sees a waiter that does subscribe.
@@ -250,7 +251,7 @@ fn lost_subscription_postgres() {
         guard: Box::new(()),
     };
     lost_subscription(&srv, || {
-        pg.sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query ILIKE 'listen%'");
+        pg.sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query LIKE 'DO $$%LISTEN leaderrun_released%'");
     });
 }
 

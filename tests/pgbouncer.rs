@@ -184,3 +184,73 @@ fn server_side_timeouts_hold_and_do_not_leak_through_transaction_pooling() {
             .expect("renew"));
     });
 }
+
+/// A `--wait` standby without `--no-push` behind transaction pooling: its
+/// `LISTEN` cannot hold there. It must not leave one on a pooled server
+/// connection that later runs (any lease name) trip over: every run through
+/// the pool afterwards is silent, and the standby says once, at `-v`, that
+/// wake-ups are unavailable, and polls.
+#[test]
+fn a_waiter_with_push_leaves_nothing_behind_in_a_transaction_pool() {
+    let pg = Pg::start();
+    let b = Bouncer::start_with(&pg, Mode::Transaction, "default_pool_size = 2\n");
+    let dir = TempDir::new("pgb-stray");
+    let mut a = spawn(
+        lr(&b.url(), "held", &["--lease", "3s"], &worker(&dir, "a")),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.pid"), 10 * SEC);
+    let wlog = dir.file("w.log");
+    let ran = dir.file("w.ran");
+    let mut w = spawn(
+        lr(
+            &b.url(),
+            "held",
+            &["-v", "--wait", "--lease", "3s", "--retry", "500ms"],
+            &format!("touch {}", ran.display()),
+        ),
+        &wlog,
+    );
+    wait_for("the standby to wait", 10 * SEC, || {
+        read(&wlog).contains("waiting:")
+    });
+    for i in 0..20 {
+        let r = run(lr(&b.url(), &format!("other-{i}"), &[], "true"));
+        assert_eq!(r.code, Some(0), "run {i}: {}", r.stderr);
+        assert_eq!(r.stderr, "", "run {i} through the pool was not silent");
+    }
+    wait_for("the standby to say push is unavailable", 10 * SEC, || {
+        read(&wlog).contains("LISTEN does not hold")
+    });
+    // No LISTEN is left on a server connection the pool hands out.
+    for _ in 0..6 {
+        assert_eq!(
+            pg.try_sql_via(b.port, "SELECT count(*) FROM pg_listening_channels()"),
+            Ok("0".to_string())
+        );
+    }
+    // The standby polls, and takes over once the holder is gone.
+    signal(a.id(), Signal::SIGTERM);
+    assert_eq!(wait_exit(&mut a, 10 * SEC).code(), Some(143));
+    assert_eq!(
+        wait_exit(&mut w, 10 * SEC).code(),
+        Some(0),
+        "{}",
+        read(&wlog)
+    );
+    assert!(ran.exists());
+    let text = read(&wlog);
+    assert_eq!(
+        text.matches("LISTEN does not hold").count(),
+        1,
+        "said once: {text}"
+    );
+    for bad in ["WARN", "ERROR", "could not release"] {
+        assert!(!text.contains(bad), "{bad}: {text}");
+    }
+    // The holder's renewals and release went through the same pool.
+    let held = read(&dir.file("a.log"));
+    for bad in ["renew", "could not release", "NotificationResponse"] {
+        assert!(!held.contains(bad), "{bad}: {held}");
+    }
+}

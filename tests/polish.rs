@@ -323,17 +323,18 @@ fn columns(s: &str) -> usize {
 fn the_status_table_is_for_humans() {
     let dir = TempDir::new("table");
     let s = sqlite(&dir);
-    // No leases yet: the header alone; JSON an empty array.
+    // No leases yet: the header alone, and under the table what a failover
+    // of the store can lose; JSON an empty array.
     assert_eq!(args(&["init", "--store", &s]).code, Some(0));
     let r = args(&["status", "--store", &s]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    assert_eq!(
-        r.stdout.lines().collect::<Vec<_>>().len(),
-        1,
-        "{}",
-        r.stdout
-    );
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
     assert!(r.stdout.starts_with("NAME"), "{}", r.stdout);
+    assert_eq!(
+        lines[1],
+        "replication: none (one host, one file); a failover cannot lose an acknowledged acquisition"
+    );
     assert_eq!(
         args(&["status", "--store", &s, "--json"]).stdout.trim(),
         "[]"
@@ -356,7 +357,9 @@ fn the_status_table_is_for_humans() {
     let r = args(&["status", "--store", &s]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let lines: Vec<&str> = r.stdout.lines().collect();
-    assert_eq!(lines.len(), 4, "a newline broke a row: {}", r.stdout);
+    assert_eq!(lines.len(), 5, "a newline broke a row: {}", r.stdout);
+    assert!(lines[4].starts_with("replication: "), "{}", r.stdout);
+    let lines = &lines[..4];
     assert!(!r.stdout.contains('\u{202e}'), "{}", r.stdout);
     assert!(
         r.stdout.contains("evil\\nx\\u{202e}txt.exe"),

@@ -163,3 +163,30 @@ fn a_read_only_server_may_heal() {
         assert_eq!(s.acquire("n", "a", t, t).await.expect("acquire"), Some(1));
     });
 }
+
+/// A URL without a database, or with a `require` leaderrun does not know,
+/// is a usage error (2) naming what is wrong, for the run form and the
+/// subcommands alike, without the password and before any connection.
+#[test]
+fn a_url_without_a_database_or_with_an_unknown_require_is_a_usage_error() {
+    for (url, says) in [
+        ("mysql://lr:Pw-n0-db-1@127.0.0.1:1", "names no database"),
+        ("mysql://lr:Pw-n0-db-1@127.0.0.1:1/", "names no database"),
+        (
+            "mariadb://lr:Pw-n0-db-1@127.0.0.1:1/?ssl-mode=DISABLED",
+            "names no database",
+        ),
+        (
+            "mysql://lr:Pw-n0-db-1@127.0.0.1:1/lr?require=quorum",
+            "require=quorum",
+        ),
+    ] {
+        let r = run(lr(url, "j", &[], "true"));
+        assert_eq!(r.code, Some(2), "{url}: {}", r.stderr);
+        assert!(r.stderr.contains(says), "{url}: {}", r.stderr);
+        assert!(!r.stderr.contains("Pw-n0-db-1"), "{}", r.stderr);
+        let r = admin(url, &["status"]);
+        assert_eq!(r.code, Some(2), "{url}: {}", r.stderr);
+        assert!(r.stderr.contains(says), "{url}: {}", r.stderr);
+    }
+}

@@ -129,7 +129,9 @@ fn racing_acquires_have_one_winner() {
     rt().block_on(async {
         let mut stores: Vec<PgStore> = (0..8).map(|_| store(&pg.url())).collect();
         for s in stores.iter_mut() {
-            // connect (and create the table) before the race starts
+            // connect (and create the table: looking never does) before
+            // the race starts
+            leaderrun::store::StoreAdmin::init(s, T).await.unwrap();
             s.inspect("warmup", T).await.unwrap();
         }
         for round in 1..=5i64 {

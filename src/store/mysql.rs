@@ -43,6 +43,13 @@
 //! network, lock waits (1205), deadlocks (1213), a server shutting down, a
 //! read-only server (1290, 1792, 1836: a replica or a demoted primary) may.
 //! The server's messages never contain the password.
+//!
+//! **The table** is created by the first acquire that finds it missing (or
+//! by `init`); every other call only looks, and a missing table is an error
+//! that names the database.
+//!
+//! **`?require=sync`** refuses to lead unless an acknowledged acquisition
+//! is on a replica (see [`Sync`]).
 
 use std::time::Duration;
 
@@ -51,7 +58,8 @@ use sqlx::{ConnectOptions, Connection, Row};
 
 use super::sql::{self, lease_info, millis, Dialect, Session};
 use super::{
-    AnyStore, Capabilities, Init, LeaseInfo, Schema, Store, StoreAdmin, StoreError, Target,
+    AnyStore, Capabilities, Init, LeaseInfo, Replication, Schema, Store, StoreAdmin, StoreError,
+    Target,
 };
 use crate::redact::Redacted;
 
@@ -72,6 +80,28 @@ pub const SCHEMA: Schema = Schema {
 
 const EXISTS_SQL: &str = "SELECT COUNT(*) FROM information_schema.tables
       WHERE table_schema = DATABASE() AND table_name = 'leader_lease'";
+
+/// Idempotent statements that bring a table made by an older leaderrun up
+/// to date, run by `init` in order once the table exists, before the
+/// privilege check; a login that may not alter the table skips them.
+const UPGRADE_SQL: &[&str] = &[];
+
+/// What a run does to the table, one statement per privilege, none of which
+/// reads or changes a row; `init` sends each and lists those refused (1142,
+/// 1143). Trying is the only check that counts roles, wildcards and partial
+/// revokes the way the server does. The UPDATE assigns a constant: reading
+/// a column would need SELECT too, and blame the wrong privilege.
+const PRIVILEGE_PROBES: &[(&str, &str)] = &[
+    ("SELECT", "SELECT name FROM leader_lease LIMIT 0"),
+    (
+        "INSERT",
+        "INSERT INTO leader_lease (name) SELECT 'x' FROM DUAL WHERE FALSE",
+    ),
+    (
+        "UPDATE",
+        "UPDATE leader_lease SET holder = NULL WHERE FALSE",
+    ),
+];
 
 const ENSURE_ROW_SQL: &str =
     "INSERT INTO leader_lease (name) VALUES (?) ON DUPLICATE KEY UPDATE name = name";
@@ -140,6 +170,7 @@ const KNOWN_PARAMS: &[&str] = &[
     "timezone",
     "time-zone",
     "password",
+    "require",
 ];
 
 pub struct MySqlStore {
@@ -149,24 +180,59 @@ pub struct MySqlStore {
 struct My {
     opts: MySqlConnectOptions,
     call_timeout: Duration,
-    table_checked: bool,
     redacted: Redacted,
+    /// `?require=sync`: lead only on what a replica acknowledged.
+    require_sync: bool,
 }
 
 /// The registry's constructor for `mysql://` and `mariadb://`.
 pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
     sql::check_params(t.url, KNOWN_PARAMS)?;
+    // sqlx would connect without selecting a database, and every statement
+    // would then fail as if the table were missing.
+    if t.url.path().trim_start_matches('/').is_empty() {
+        return Err("names no database: put it after the host \
+             (mysql://user:password@host:port/DATABASE)"
+            .to_string());
+    }
+    let mut require_sync = false;
+    for (_, v) in t.url.query_pairs().filter(|(k, _)| k == "require") {
+        match v.as_ref() {
+            "sync" => require_sync = true,
+            "none" => require_sync = false,
+            other => {
+                return Err(format!(
+                    "has require={} (expected require=sync or require=none)",
+                    crate::names::printable(other)
+                ))
+            }
+        }
+    }
+    // `require` is leaderrun's, not the driver's: sqlx is given the URL
+    // without it.
+    let mut for_driver = t.url.clone();
+    let kept: Vec<(String, String)> = t
+        .url
+        .query_pairs()
+        .filter(|(k, _)| k != "require")
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    if kept.is_empty() {
+        for_driver.set_query(None);
+    } else {
+        for_driver.query_pairs_mut().clear().extend_pairs(kept);
+    }
     // sqlx reads the URL the same way for both schemes; `mariadb://` is
     // only a name people use.
-    let opts = MySqlConnectOptions::from_url(t.url)
+    let opts = MySqlConnectOptions::from_url(&for_driver)
         .map_err(|e| format!("is not valid: {}", sql::message(&e)))?
         .disable_statement_logging();
     Ok(Box::new(MySqlStore {
         s: Session::new(My {
             opts,
             call_timeout: t.call_timeout,
-            table_checked: false,
             redacted: Redacted::new(t.url),
+            require_sync,
         }),
     }))
 }
@@ -195,10 +261,15 @@ impl Dialect for My {
     }
 
     async fn connect(&mut self) -> Result<MySqlConnection, StoreError> {
-        let context = format!("cannot connect to the store {}", self.redacted);
         let mut conn = MySqlConnection::connect_with(&self.opts)
             .await
-            .map_err(|e| sql::classify::<My>(&context, &e))?;
+            .map_err(|e| match sql::connect_failed(self, &e) {
+                // 1044: no privilege at all in the URL's database.
+                StoreError::Fatal(m) if number(&e) == Some(1044) => {
+                    StoreError::Fatal(format!("{m} (a run needs {GRANT})"))
+                }
+                other => other,
+            })?;
         let g = self.call_timeout;
         let lock_wait = g.as_secs_f64().ceil().max(1.0) as u64;
         let settings = [
@@ -219,12 +290,16 @@ impl Dialect for My {
                 }
             }
         }
-        if !self.table_checked {
-            sql::ensure_table(self, &mut conn, EXISTS_SQL, TABLE_SQL).await?;
-            self.table_checked = true;
-        }
         Ok(conn)
     }
+
+    fn no_table(e: &sqlx::Error) -> bool {
+        number(e) == Some(NO_SUCH_TABLE)
+    }
+
+    const TLS_FILES: &'static [&'static str] = &[
+        "sslca", "ssl-ca", "sslcert", "ssl-cert", "sslkey", "ssl-key",
+    ];
 
     fn may_heal(e: &sqlx::Error) -> bool {
         matches!(
@@ -247,31 +322,329 @@ impl Dialect for My {
     }
 }
 
+/// What a run needs, as an operator types it.
+const GRANT: &str = "GRANT SELECT, INSERT, UPDATE ON <database>.leader_lease TO <login>";
+
+/// ER_NO_SUCH_TABLE.
+const NO_SUCH_TABLE: u16 = 1146;
+
+/// Refused for lack of a privilege: 1142 (table), 1143 (column), 1227
+/// (a global privilege such as PROCESS or REPLICATION CLIENT).
+fn denied(e: &sqlx::Error) -> bool {
+    matches!(number(e), Some(1142 | 1143 | 1227))
+}
+
+/// # `?require=sync`
+///
+/// MySQL and MariaDB replicate asynchronously by default: a primary that
+/// fails right after acknowledging an acquisition may leave it on no
+/// replica, and a promoted replica hands the same epoch out again while the
+/// first holder runs. With semi-synchronous replication the primary waits,
+/// at commit, until a replica has the transaction, *unless* no replica
+/// acknowledges within `rpl_semi_sync_master_timeout` (10 s by default):
+/// then it switches to asynchronous replication and returns success to the
+/// client all the same. The commit's reply cannot tell the two apart.
+///
+/// What the client can see is the server's count of commits that were not
+/// acknowledged (`Rpl_semi_sync_master_no_tx`, `…_source_no_tx` on MySQL
+/// 8), which the server raises before it replies to such a commit. So with
+/// `require=sync`, each acquire, in one call on one connection:
+///
+/// 1. reads the semi-sync status and refuses unless it is ON with at least
+///    one semi-sync replica connected (nothing is written then);
+/// 2. acquires, and reads the count again: if it rose, some commit in that
+///    window went unacknowledged, possibly this one. The lease is handed
+///    back at once and the attempt reported as failed (may heal: `--wait`
+///    keeps trying), so the command is never started on an acquisition
+///    that may exist on the primary alone.
+///
+/// A renewal is checked the same way (step 2): one that may not be on a
+/// replica does not count, so the holder's deadline stays where the last
+/// acknowledged renewal put it, which is what a promoted replica would
+/// enforce. A release is not checked: losing one only delays a rival.
+///
+/// Nothing is cached: the count read before the statement must be fresh to
+/// mean anything, and a cached "ON" would let an acquisition through in the
+/// very window after a fallback that this check is for. It costs two reads
+/// of `SHOW GLOBAL STATUS` per acquire and one per renewal (each a round
+/// trip, no privilege needed). The count is server-wide, so another
+/// client's unacknowledged commit in the same moment also fails this
+/// attempt: a false alarm costs a retry, never safety. What remains: the
+/// replica that acknowledged must be the one promoted (a failover tool's
+/// job), and with MariaDB's default `rpl_semi_sync_master_wait_point =
+/// AFTER_COMMIT` other clients see the acquisition before it is
+/// acknowledged (harmless here: they see it held).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct SemiSync {
+    /// `Rpl_semi_sync_…_status`; `None` when the server has no such
+    /// variable (the semi-sync plugin is not loaded).
+    on: Option<bool>,
+    /// Semi-sync replicas connected.
+    clients: i64,
+    /// Commits not acknowledged by a replica, since the server started.
+    no_tx: i64,
+}
+
+const SEMI_SYNC_STATUS_SQL: &str = "SHOW GLOBAL STATUS WHERE Variable_name IN (
+    'Rpl_semi_sync_master_status', 'Rpl_semi_sync_master_clients', 'Rpl_semi_sync_master_no_tx',
+    'Rpl_semi_sync_source_status', 'Rpl_semi_sync_source_clients', 'Rpl_semi_sync_source_no_tx')";
+
+const REPLICATION_VARS_SQL: &str = "SHOW GLOBAL VARIABLES WHERE Variable_name IN (
+    'rpl_semi_sync_master_enabled', 'rpl_semi_sync_source_enabled',
+    'rpl_semi_sync_master_timeout', 'rpl_semi_sync_source_timeout', 'log_bin', 'wsrep_on')";
+
+/// `SHOW …` rows as (lowercased name without the master/source prefix,
+/// value).
+async fn show(c: &mut MySqlConnection, sql: &str) -> Result<Vec<(String, String)>, sqlx::Error> {
+    let text = |r: &sqlx::mysql::MySqlRow, i: usize| -> Result<String, sqlx::Error> {
+        r.try_get::<String, _>(i).or_else(|_| {
+            r.try_get::<Vec<u8>, _>(i)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+        })
+    };
+    let rows = sqlx::query(sql).fetch_all(&mut *c).await?;
+    rows.iter()
+        .map(|r| {
+            let name = text(r, 0)?.to_ascii_lowercase();
+            let name = name
+                .replace("rpl_semi_sync_master_", "")
+                .replace("rpl_semi_sync_source_", "");
+            Ok((name, text(r, 1)?))
+        })
+        .collect()
+}
+
+fn value<'a>(vars: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    vars.iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn is_on(v: Option<&str>) -> bool {
+    v.is_some_and(|v| v.eq_ignore_ascii_case("ON") || v == "1")
+}
+
+async fn semi_sync(c: &mut MySqlConnection) -> Result<SemiSync, sqlx::Error> {
+    let st = show(c, SEMI_SYNC_STATUS_SQL).await?;
+    let int = |n: &str| value(&st, n).and_then(|v| v.parse().ok()).unwrap_or(0);
+    Ok(SemiSync {
+        on: value(&st, "status").map(|v| is_on(Some(v))),
+        clients: int("clients"),
+        no_tx: int("no_tx"),
+    })
+}
+
+/// Why a call did not go ahead (or was undone).
+enum Refusal {
+    /// The lease table is missing and could not be created (with the
+    /// create's error, when it gave one).
+    Table(Option<sqlx::Error>),
+    /// `require=sync`: the server has no semi-synchronous replication.
+    NoSemiSync,
+    /// `require=sync`: semi-sync is configured off.
+    SemiSyncOff,
+    /// `require=sync`: semi-sync is on but has fallen back to asynchronous.
+    FellBack,
+    /// `require=sync`: no semi-sync replica is connected.
+    NoReplica,
+    /// `require=sync`: the commit may not be on a replica.
+    NotAcknowledged { acquired: bool },
+    /// `require=sync`: the login may not read what the check needs.
+    CannotSee(String),
+}
+
+/// Step 1 of the `require=sync` check: `None` when an acquisition may go
+/// ahead.
+async fn sync_refusal(
+    c: &mut MySqlConnection,
+    st: &SemiSync,
+) -> Result<Option<Refusal>, sqlx::Error> {
+    Ok(match st.on {
+        None => Some(Refusal::NoSemiSync),
+        Some(true) if st.clients >= 1 => None,
+        Some(true) => Some(Refusal::NoReplica),
+        Some(false) => {
+            let vars = show(c, REPLICATION_VARS_SQL).await?;
+            Some(if is_on(value(&vars, "enabled")) {
+                Refusal::FellBack
+            } else {
+                Refusal::SemiSyncOff
+            })
+        }
+    })
+}
+
+/// The acquiring transaction (see the module's comment); `Some(epoch)`
+/// when taken.
+async fn take(
+    c: &mut MySqlConnection,
+    name: &str,
+    holder: &str,
+    us: i64,
+) -> Result<Option<i64>, sqlx::Error> {
+    let mut tx = c.begin().await?;
+    sqlx::query(ENSURE_ROW_SQL)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    let took = sqlx::query(TAKE_SQL)
+        .bind(holder)
+        .bind(us)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    if took.rows_affected() != 1 {
+        tx.commit().await?;
+        return Ok(None);
+    }
+    let epoch: i64 = sqlx::query(EPOCH_SQL)
+        .bind(name)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get(0)?;
+    tx.commit().await?;
+    Ok(Some(epoch))
+}
+
+async fn table_visible(c: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
+    let n: i64 = sqlx::query(EXISTS_SQL)
+        .fetch_one(&mut *c)
+        .await?
+        .try_get(0)?;
+    Ok(n != 0)
+}
+
+/// Acquire, creating the table on first use. A missing table shows as 1146,
+/// or as 1142 to a login without privileges on the database (the server
+/// does not say whether a table it may not see exists): either way, when
+/// the table is not visible, it is created and the acquire tried again;
+/// whatever the create says, the acquire decides (a concurrent first user
+/// may have created it).
+async fn take_or_create(
+    c: &mut MySqlConnection,
+    name: &str,
+    holder: &str,
+    us: i64,
+) -> Result<Result<Option<i64>, Refusal>, sqlx::Error> {
+    match take(c, name, holder, us).await {
+        Err(e) if matches!(number(&e), Some(NO_SUCH_TABLE | 1142)) => {
+            if table_visible(c).await? {
+                return Err(e);
+            }
+        }
+        done => return done.map(Ok),
+    }
+    let created = sqlx::query(TABLE_SQL).execute(&mut *c).await;
+    match take(c, name, holder, us).await {
+        Err(e) if matches!(number(&e), Some(NO_SUCH_TABLE | 1142)) => {
+            Ok(Err(Refusal::Table(created.err())))
+        }
+        done => done.map(Ok),
+    }
+}
+
 impl MySqlStore {
     /// One statement naming holder and epoch, true when it matched a row.
     /// (With sqlx's CLIENT_FOUND_ROWS, "affected" counts matched rows, so a
-    /// renewal that happens to write the same expiry still counts.)
+    /// renewal that happens to write the same expiry still counts.) With
+    /// `acknowledged`, under `require=sync`, a match that may not be on a
+    /// replica is refused.
     async fn update(
         &mut self,
         what: &str,
         sql: &'static str,
         durations: Vec<i64>,
         (name, holder, epoch): (&str, &str, i64),
+        acknowledged: bool,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
         let (name, holder) = (name.to_string(), holder.to_string());
-        self.s
+        let check = acknowledged && self.s.d.require_sync;
+        let out = self
+            .s
             .call(timeout, what, move |c| {
                 Box::pin(async move {
+                    let before = match check {
+                        true => match semi_sync(c).await {
+                            Ok(st) => Some(st.no_tx),
+                            Err(e) if denied(&e) => {
+                                return Ok(Err(Refusal::CannotSee(sql::message(&e))))
+                            }
+                            Err(e) => return Err(e),
+                        },
+                        false => None,
+                    };
                     let mut q = sqlx::query(sql);
                     for d in durations {
                         q = q.bind(d);
                     }
-                    let done = q.bind(name).bind(holder).bind(epoch).execute(c).await?;
-                    Ok(done.rows_affected() == 1)
+                    let done = q
+                        .bind(name)
+                        .bind(holder)
+                        .bind(epoch)
+                        .execute(&mut *c)
+                        .await?;
+                    let matched = done.rows_affected() == 1;
+                    if let (true, Some(before)) = (matched, before) {
+                        if semi_sync(c).await?.no_tx != before {
+                            return Ok(Err(Refusal::NotAcknowledged { acquired: false }));
+                        }
+                    }
+                    Ok(Ok(matched))
                 })
             })
-            .await
+            .await?;
+        out.map_err(|r| self.refused(what, r))
+    }
+
+    /// A [`Refusal`] as the error the caller reports.
+    fn refused(&self, what: &str, r: Refusal) -> StoreError {
+        let shown = self.s.d.shown();
+        let sync = |m: &str| format!("{what} the store {shown} (require=sync): {m}");
+        match r {
+            // The server does not show a table to a login without any
+            // privilege on it, so "missing" may also mean "not yours".
+            Refusal::Table(Some(e)) => sql::cannot_create(sql::classify::<My>(
+                &format!(
+                    "table leader_lease is missing in the store {shown} \
+                     (or this login has no privilege on it)"
+                ),
+                &e,
+            )),
+            Refusal::Table(None) => StoreError::Fatal(format!(
+                "table leader_lease is missing in the store {shown}"
+            )),
+            Refusal::NoSemiSync => StoreError::Fatal(sync(
+                "the server has no semi-synchronous replication \
+                 (no Rpl_semi_sync_master_status: the semisync plugin is not loaded)",
+            )),
+            Refusal::SemiSyncOff => StoreError::Fatal(sync(
+                "semi-synchronous replication is off \
+                 (rpl_semi_sync_master_enabled, or rpl_semi_sync_source_enabled, is OFF)",
+            )),
+            Refusal::FellBack => StoreError::Unavailable(sync(
+                "semi-synchronous replication has fallen back to asynchronous \
+                 (Rpl_semi_sync_master_status is OFF: no replica acknowledged within \
+                 rpl_semi_sync_master_timeout)",
+            )),
+            Refusal::NoReplica => StoreError::Unavailable(sync(
+                "no semi-synchronous replica is connected (Rpl_semi_sync_master_clients is 0)",
+            )),
+            Refusal::NotAcknowledged { acquired } => StoreError::Unavailable(sync(&format!(
+                "a commit was not acknowledged by a replica (Rpl_semi_sync_master_no_tx rose), \
+                 so {}",
+                if acquired {
+                    "this acquisition may exist on the primary alone; it was handed back"
+                } else {
+                    "this renewal may exist on the primary alone and does not count"
+                }
+            ))),
+            Refusal::CannotSee(m) => StoreError::Fatal(sync(&format!(
+                "cannot read the semi-synchronous replication status: {m} \
+                 (SHOW GLOBAL STATUS needs no privilege on MariaDB and MySQL 8; \
+                 where it is restricted, grant what the server names)"
+            ))),
+        }
     }
 }
 
@@ -284,34 +657,48 @@ impl Store for MySqlStore {
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
         let (name, holder, us) = (name.to_string(), holder.to_string(), micros(lease));
-        self.s
-            .call(timeout, "cannot acquire in", move |c| {
+        let check = self.s.d.require_sync;
+        let what = "cannot acquire in";
+        let out = self
+            .s
+            .call(timeout, what, move |c| {
                 Box::pin(async move {
-                    let mut tx = c.begin().await?;
-                    sqlx::query(ENSURE_ROW_SQL)
-                        .bind(&name)
-                        .execute(&mut *tx)
-                        .await?;
-                    let took = sqlx::query(TAKE_SQL)
-                        .bind(&holder)
-                        .bind(us)
-                        .bind(&name)
-                        .execute(&mut *tx)
-                        .await?;
-                    if took.rows_affected() != 1 {
-                        tx.commit().await?;
-                        return Ok(None);
+                    let mut before = None;
+                    if check {
+                        let st = match semi_sync(c).await {
+                            Ok(st) => st,
+                            Err(e) if denied(&e) => {
+                                return Ok(Err(Refusal::CannotSee(sql::message(&e))))
+                            }
+                            Err(e) => return Err(e),
+                        };
+                        if let Some(why) = sync_refusal(c, &st).await? {
+                            return Ok(Err(why));
+                        }
+                        before = Some(st.no_tx);
                     }
-                    let epoch: i64 = sqlx::query(EPOCH_SQL)
-                        .bind(&name)
-                        .fetch_one(&mut *tx)
-                        .await?
-                        .try_get(0)?;
-                    tx.commit().await?;
-                    Ok(Some(epoch))
+                    let got = match take_or_create(c, &name, &holder, us).await? {
+                        Ok(got) => got,
+                        Err(r) => return Ok(Err(r)),
+                    };
+                    if let (Some(epoch), Some(before)) = (got, before) {
+                        if semi_sync(c).await?.no_tx != before {
+                            sqlx::query(RELEASE_SQL)
+                                .bind(0i64)
+                                .bind(0i64)
+                                .bind(&name)
+                                .bind(&holder)
+                                .bind(epoch)
+                                .execute(&mut *c)
+                                .await?;
+                            return Ok(Err(Refusal::NotAcknowledged { acquired: true }));
+                        }
+                    }
+                    Ok(Ok(got))
                 })
             })
-            .await
+            .await?;
+        out.map_err(|r| self.refused(what, r))
     }
 
     async fn renew(
@@ -327,6 +714,7 @@ impl Store for MySqlStore {
             RENEW_SQL,
             vec![micros(lease)],
             (name, holder, epoch),
+            true,
             timeout,
         )
         .await
@@ -346,6 +734,7 @@ impl Store for MySqlStore {
             RELEASE_SQL,
             vec![us, us],
             (name, holder, epoch),
+            false,
             timeout,
         )
         .await
@@ -384,12 +773,60 @@ impl StoreAdmin for MySqlStore {
         Some(SCHEMA)
     }
 
+    /// Create the table when missing, then try each privilege a run needs:
+    /// "ready" only when a run would work.
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
-        self.s.d.table_checked = false;
         self.s.reset();
+        let what = "cannot use";
+        let out = self
+            .s
+            .call(timeout, what, |c| {
+                Box::pin(async move {
+                    let probe = sqlx::query(PRIVILEGE_PROBES[0].1).execute(&mut *c).await;
+                    if matches!(&probe, Err(e) if number(e) == Some(NO_SUCH_TABLE)) {
+                        if let Err(e) = sqlx::query(TABLE_SQL).execute(&mut *c).await {
+                            if !table_visible(c).await? {
+                                return Ok(Err(Refusal::Table(Some(e))));
+                            }
+                        }
+                    }
+                    for stmt in UPGRADE_SQL {
+                        match sqlx::query(stmt).execute(&mut *c).await {
+                            Err(e) if denied(&e) => break,
+                            done => done.map(|_| ())?,
+                        }
+                    }
+                    let mut missing = Vec::new();
+                    for (privilege, probe) in PRIVILEGE_PROBES {
+                        match sqlx::query(probe).execute(&mut *c).await {
+                            Ok(_) => {}
+                            Err(e) if denied(&e) => {
+                                missing.push(format!("{privilege} on leader_lease"))
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Ok(Ok(missing))
+                })
+            })
+            .await?;
+        let missing = out.map_err(|r| self.refused(what, r))?;
+        if !missing.is_empty() {
+            return Err(sql::lacking(&self.s.d.shown(), &missing, GRANT));
+        }
+        Ok(Init::Ready)
+    }
+
+    /// From the server's own status: Galera, semi-synchronous (and whether
+    /// it is working now), asynchronous, or no binary log at all.
+    async fn replication(&mut self, timeout: Duration) -> Result<Replication, StoreError> {
         self.s
-            .call(timeout, "cannot use", |_| {
-                Box::pin(async { Ok(Init::Ready) })
+            .call(timeout, "cannot read the replication status of", |c| {
+                Box::pin(async move {
+                    let vars = show(c, REPLICATION_VARS_SQL).await?;
+                    let st = semi_sync(c).await?;
+                    Ok(describe_replication(&vars, &st))
+                })
             })
             .await
     }
@@ -433,5 +870,100 @@ impl StoreAdmin for MySqlStore {
                 })
             })
             .await
+    }
+}
+
+/// What `status` shows for the server's replication.
+fn describe_replication(vars: &[(String, String)], st: &SemiSync) -> Replication {
+    let timeout = value(vars, "timeout").unwrap_or("?");
+    if is_on(value(vars, "wsrep_on")) {
+        // A Galera commit returns once the cluster has certified it.
+        return Replication {
+            can_lose_acknowledged: Some(false),
+            detail: "Galera (wsrep_on)".into(),
+        };
+    }
+    match st.on {
+        Some(true) if st.clients >= 1 => Replication {
+            can_lose_acknowledged: Some(false),
+            detail: format!(
+                "semi-synchronous, {} replica(s) connected; falls back to asynchronous after \
+                 rpl_semi_sync_master_timeout ({timeout} ms) without an acknowledgement",
+                st.clients
+            ),
+        },
+        Some(true) => Replication {
+            can_lose_acknowledged: Some(true),
+            detail: "semi-synchronous, but no replica connected".into(),
+        },
+        Some(false) if is_on(value(vars, "enabled")) => Replication {
+            can_lose_acknowledged: Some(true),
+            detail: "semi-synchronous, fallen back to asynchronous (no replica acknowledged)"
+                .into(),
+        },
+        _ if is_on(value(vars, "log_bin")) => Replication {
+            can_lose_acknowledged: Some(true),
+            detail: "asynchronous (binary log on, semi-synchronous replication off)".into(),
+        },
+        // Storage-level replication (a replicated disk, a cloud service's
+        // standby) is invisible from here.
+        _ => Replication::unknown("binary log off: no replica is fed from this server"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// What `status` says follows what the server reports, and only a
+    /// working semi-sync (or Galera) is "cannot lose".
+    #[test]
+    fn replication_is_told_from_the_servers_own_variables() {
+        let sync = |on, clients| SemiSync {
+            on,
+            clients,
+            no_tx: 0,
+        };
+        let cases = [
+            (vars(&[("wsrep_on", "ON")]), sync(None, 0), Some(false)),
+            (vars(&[("enabled", "ON")]), sync(Some(true), 2), Some(false)),
+            (vars(&[("enabled", "ON")]), sync(Some(true), 0), Some(true)),
+            (vars(&[("enabled", "ON")]), sync(Some(false), 1), Some(true)),
+            (vars(&[("log_bin", "ON")]), sync(Some(false), 0), Some(true)),
+            (vars(&[("log_bin", "OFF")]), sync(Some(false), 0), None),
+            (vars(&[]), sync(None, 0), None),
+        ];
+        for (v, st, want) in cases {
+            let r = describe_replication(&v, &st);
+            assert_eq!(r.can_lose_acknowledged, want, "{v:?} {st:?}: {}", r.detail);
+        }
+    }
+
+    fn opened(url: &str) -> Result<AnyStore, String> {
+        let url = url::Url::parse(url).expect("parses");
+        open(&Target {
+            url: &url,
+            app_name: "t",
+            call_timeout: Duration::from_secs(1),
+        })
+    }
+
+    #[test]
+    fn require_takes_sync_or_none_and_names_anything_else() {
+        assert!(opened("mysql://u@h/db?require=sync").is_ok());
+        assert!(opened("mysql://u@h/db?require=none&ssl-mode=DISABLED").is_ok());
+        let e = opened("mysql://u@h/db?require=Sync")
+            .err()
+            .expect("refused");
+        assert!(e.contains("require=Sync"), "{e}");
+        let e = opened("mysql://u:pw@h").err().expect("refused");
+        assert!(e.contains("names no database"), "{e}");
     }
 }

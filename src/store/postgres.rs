@@ -255,19 +255,23 @@ impl PgStore {
     ///   statement of a message), so nothing is left on a server connection
     ///   that a pooler hands to someone else next.
     ///
-    /// A missing table is created on the spot and the statement sent again,
-    /// instead of asking whether it exists before every first call.
+    /// With `create`, a missing table is created on the spot and the
+    /// statement sent again, instead of asking whether it exists before
+    /// every first call. Only the acquire creates: looking (status, check,
+    /// release, and a run's renewals) never does, and says the table is
+    /// missing instead.
     async fn run(
         &mut self,
         timeout: Duration,
         what: &str,
+        create: bool,
         build: impl FnOnce() -> Result<String, sqlx::Error>,
     ) -> Result<Vec<PgRow>, StoreError> {
         let q = match build() {
-            Ok(stmt) => format!("{}{stmt}", self.s.d.timeouts),
+            Ok(stmt) => format!("{UNLISTEN_SQL}{}{stmt}", self.s.d.timeouts),
             Err(e) => return Err(self.s.error(what, &e)),
         };
-        let create = format!("{}{TABLE_SQL}", self.s.d.timeouts);
+        let create = create.then(|| format!("{}{TABLE_SQL}", self.s.d.timeouts));
         let out = self
             .s
             .call(timeout, what, move |c| {
@@ -276,26 +280,35 @@ impl PgStore {
                         Err(e) if is_code(&e, UNDEFINED_TABLE) => {}
                         done => return done.map(Ok),
                     }
+                    let Some(create) = create else {
+                        return Ok(Err(Missing::NotCreated));
+                    };
                     // Two first users may race to create it: `IF NOT EXISTS`
                     // is not atomic against another creator, so whatever the
                     // create says, the statement is tried again, and only if
                     // the table is still missing is the create's error shown.
                     let created = sqlx::Executor::execute(&mut *c, sqlx::raw_sql(&create)).await;
                     match sqlx::Executor::fetch_all(&mut *c, sqlx::raw_sql(&q)).await {
-                        Err(e) if is_code(&e, UNDEFINED_TABLE) => Ok(Err(created.err())),
+                        Err(e) if is_code(&e, UNDEFINED_TABLE) => {
+                            Ok(Err(Missing::CreateFailed(created.err())))
+                        }
                         done => done.map(Ok),
                     }
                 })
             })
             .await?;
-        out.map_err(|create_err| {
+        out.map_err(|missing| {
+            let create_err = match missing {
+                Missing::NotCreated => return sql::no_table(&self.s.d.shown()),
+                Missing::CreateFailed(e) => e,
+            };
             let Some(e) = create_err else {
                 return StoreError::Fatal(format!(
                     "table leader_lease is missing in the store {}",
                     self.s.d.shown()
                 ));
             };
-            missing_table(sql::classify::<Pg>(
+            sql::cannot_create(sql::classify::<Pg>(
                 &format!(
                     "table leader_lease is missing in the store {}",
                     self.s.d.shown()
@@ -312,28 +325,80 @@ impl PgStore {
         timeout: Duration,
         build: impl FnOnce() -> Result<String, sqlx::Error>,
     ) -> Result<bool, StoreError> {
-        Ok(self.run(timeout, what, build).await?.len() == 1)
+        Ok(self.run(timeout, what, false, build).await?.len() == 1)
+    }
+
+    /// Whether the login owns the lease table (and so may alter it).
+    async fn owns_table(&mut self, timeout: Duration) -> Result<bool, StoreError> {
+        let rows = self
+            .run(timeout, "cannot use", false, || Ok(OWNS_SQL.to_string()))
+            .await?;
+        Ok(first_i64(&rows) != 0)
     }
 }
+
+/// A table `PgStore::run` found missing.
+enum Missing {
+    /// The call may not create it (it only looks).
+    NotCreated,
+    /// Creating it failed, with this error if the create said why.
+    CreateFailed(Option<sqlx::Error>),
+}
+
+/// Why every call's message starts with `UNLISTEN *`: behind PgBouncer in
+/// transaction pooling, a waiter's `LISTEN` stays on whichever server
+/// connection ran it, and that connection then serves other clients. A
+/// session that listens gets, just before the `ReadyForQuery` that ends each
+/// of its transactions, every notification on its channels, its own
+/// `pg_notify` at commit included. On a connection that never asked for
+/// notifications, sqlx hands such a message to the statement being run,
+/// which fails with "unexpected message: NotificationResponse" *after* the
+/// commit: a release that freed the lease reported as failed, on every run
+/// that happens to get that server connection.
+///
+/// `UNLISTEN *` in the same one-message transaction ends the listening at
+/// that commit, before the server looks for notifications to send (it sends
+/// only those on channels it still listens on), so no reply to a lease call
+/// carries one, and the stray `LISTEN` is gone for every later user of that
+/// server connection too. It is a no-op on a session that never listened
+/// (every direct or session-pooled lease connection), and is allowed in a
+/// read-only transaction and on a hot standby. The waiter's own connection
+/// (src/store/push.rs) is never a lease connection.
+const UNLISTEN_SQL: &str = "UNLISTEN *; ";
+
+/// The first column of the first row as an integer (0 when there is none).
+fn first_i64(rows: &[PgRow]) -> i64 {
+    rows.first()
+        .and_then(|r| sqlx::Row::try_get::<i64, _>(r, 0).ok())
+        .unwrap_or(0)
+}
+
+/// What a run needs beyond the table itself, each with the privilege that
+/// grants it; `init` lists the ones the login lacks. `LISTEN` needs no
+/// privilege; `pg_notify` (called by release and clear) is executable by
+/// everyone unless revoked.
+const PRIVILEGES_SQL: &str = "SELECT need FROM (VALUES
+        ('SELECT on leader_lease', has_table_privilege('leader_lease', 'SELECT')),
+        ('INSERT on leader_lease', has_table_privilege('leader_lease', 'INSERT')),
+        ('UPDATE on leader_lease', has_table_privilege('leader_lease', 'UPDATE')),
+        ('EXECUTE on pg_notify(text, text)',
+            has_function_privilege('pg_notify(text, text)', 'EXECUTE'))) v(need, ok)
+      WHERE NOT ok";
+
+const OWNS_SQL: &str = "SELECT pg_has_role(relowner, 'USAGE')::int::int8 FROM pg_class
+      WHERE oid = 'leader_lease'::regclass";
+
+/// Idempotent statements that bring a table made by an older leaderrun up to
+/// date (`ALTER TABLE leader_lease ADD COLUMN IF NOT EXISTS …`), run by
+/// `init` in order, after the table exists and before the privilege check.
+/// Only the table's owner may alter it: a login that does not own the table
+/// skips them (the run form must then work with the table as it is).
+const UPGRADE_SQL: &[&str] = &[];
 
 const UNDEFINED_TABLE: &str = "42P01";
 
 fn is_code(e: &sqlx::Error, code: &str) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some(code))
-}
-
-/// The hint that goes with a table that could not be created.
-fn missing_table(err: StoreError) -> StoreError {
-    match err {
-        // A read-only server (a standby, a primary demoted during a
-        // failover) may accept writes again soon: say so, and keep trying.
-        StoreError::Unavailable(m) => {
-            StoreError::Unavailable(format!("{m} (the table cannot be created now; retrying)"))
-        }
-        StoreError::Fatal(m) => StoreError::Fatal(format!(
-            "{m} (create it with the SQL from `leaderrun init --print`, or grant CREATE)"
-        )),
-    }
 }
 
 /// What PgBouncer says, with SQLSTATE 08P01 (a protocol violation, which
@@ -357,13 +422,20 @@ impl Dialect for Pg {
     }
 
     async fn connect(&mut self) -> Result<PgConnection, StoreError> {
-        PgConnection::connect_with(&self.opts).await.map_err(|e| {
-            sql::classify::<Pg>(
-                &format!("cannot connect to the store {}", self.redacted),
-                &e,
-            )
-        })
+        PgConnection::connect_with(&self.opts)
+            .await
+            .map_err(|e| sql::connect_failed(self, &e))
     }
+
+    const TLS_FILES: &'static [&'static str] = &[
+        "sslrootcert",
+        "ssl-root-cert",
+        "ssl-ca",
+        "sslcert",
+        "ssl-cert",
+        "sslkey",
+        "ssl-key",
+    ];
 
     /// 08 connection, 40 rollback, 53 resources, 55 lock not available,
     /// 57 operator intervention (shutdown, cancel), 58 system, and 25006
@@ -399,7 +471,7 @@ impl Store for PgStore {
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
         let rows = self
-            .run(timeout, "cannot acquire in", || {
+            .run(timeout, "cannot acquire in", true, || {
                 acquire_sql(name, holder, millis(lease))
             })
             .await?;
@@ -443,7 +515,7 @@ impl Store for PgStore {
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
         let rows = self
-            .run(timeout, "cannot read", || inspect_sql(name))
+            .run(timeout, "cannot read", false, || inspect_sql(name))
             .await?;
         rows.first()
             .map(lease_info)
@@ -473,28 +545,54 @@ impl StoreAdmin for PgStore {
     }
 
     /// Look first and create only when missing, so that `init` on a
-    /// read-only server whose table exists succeeds.
+    /// read-only server whose table exists succeeds; then make sure the
+    /// login may do what a run does, so that "ready" means a run works.
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
         self.s.reset();
         let rows = self
-            .run(timeout, "cannot use", || Ok(EXISTS_SQL.to_string()))
+            .run(timeout, "cannot use", false, || Ok(EXISTS_SQL.to_string()))
             .await?;
-        let there = rows
-            .first()
-            .and_then(|r| sqlx::Row::try_get::<i64, _>(r, 0).ok())
-            .unwrap_or(0)
-            != 0;
-        if !there {
-            self.run(timeout, "cannot use", || Ok(TABLE_SQL.to_string()))
+        if first_i64(&rows) == 0 {
+            self.run(timeout, "cannot use", false, || Ok(TABLE_SQL.to_string()))
                 .await
-                .map_err(missing_table)?;
+                .map_err(sql::cannot_create)?;
+        }
+        let mut owner = None;
+        for stmt in UPGRADE_SQL {
+            let may = match owner {
+                Some(may) => may,
+                None => *owner.insert(self.owns_table(timeout).await?),
+            };
+            if !may {
+                break;
+            }
+            self.run(timeout, "cannot upgrade the table in", false, || {
+                Ok(stmt.to_string())
+            })
+            .await?;
+        }
+        let rows = self
+            .run(timeout, "cannot check privileges in", false, || {
+                Ok(PRIVILEGES_SQL.to_string())
+            })
+            .await?;
+        let missing: Vec<String> = rows
+            .iter()
+            .filter_map(|r| sqlx::Row::try_get::<String, _>(r, 0).ok())
+            .collect();
+        if !missing.is_empty() {
+            return Err(sql::lacking(
+                &self.s.d.shown(),
+                &missing,
+                "GRANT SELECT, INSERT, UPDATE ON leader_lease TO <login>",
+            ));
         }
         Ok(Init::Ready)
     }
 
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
         let rows = self
-            .run(timeout, "cannot read", || Ok(LIST_SQL.to_string()))
+            .run(timeout, "cannot read", false, || Ok(LIST_SQL.to_string()))
             .await?;
         rows.iter()
             .map(lease_info)
@@ -509,7 +607,9 @@ impl StoreAdmin for PgStore {
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
         let rows = self
-            .run(timeout, "cannot release in", || clear_sql(name, epoch))
+            .run(timeout, "cannot release in", false, || {
+                clear_sql(name, epoch)
+            })
             .await?;
         rows.first()
             .map(lease_info)

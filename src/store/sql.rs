@@ -12,8 +12,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use sqlx::Row;
-
 use super::{LeaseInfo, StoreError, MAX_STORED};
 
 /// A query borrowed from the call site, run on a connection it lends.
@@ -28,6 +26,13 @@ pub(crate) trait Dialect {
     fn connect(&mut self) -> impl Future<Output = Result<Self::Conn, StoreError>>;
     /// Server errors that may heal by themselves, beyond the network.
     fn may_heal(e: &sqlx::Error) -> bool;
+    /// Whether `e` says the lease table does not exist (for the calls that
+    /// never create it; a dialect that creates it elsewhere keeps `false`).
+    fn no_table(_e: &sqlx::Error) -> bool {
+        false
+    }
+    /// The URL parameters that name files read for TLS.
+    const TLS_FILES: &'static [&'static str] = &[];
 }
 
 pub(crate) struct Session<D: Dialect> {
@@ -76,6 +81,9 @@ impl<D: Dialect> Session<D> {
 
     /// `what` ("cannot renew in") the store, with the server's own words.
     pub fn error(&self, what: &str, e: &sqlx::Error) -> StoreError {
+        if D::no_table(e) {
+            return no_table(&self.d.shown());
+        }
         classify::<D>(&format!("{what} the store {}", self.d.shown()), e)
     }
 }
@@ -110,14 +118,99 @@ pub(crate) fn message(e: &sqlx::Error) -> String {
 /// Errors that may heal whatever the server: the network, a lost or
 /// unexpected connection state. Authentication, permissions, TLS and
 /// configuration errors will not.
+///
+/// sqlx reports TLS trouble in two shapes: `Error::Tls` for what it finds
+/// before the handshake (a CA file that is not PEM, a server without TLS
+/// where the URL requires it), and `Error::Io` wrapping a `rustls::Error`
+/// for what the handshake finds (rustls turns its errors into
+/// `io::ErrorKind::InvalidData`). The second shape is also how a refused or
+/// reset connection arrives, so only a rustls error that names a
+/// certificate or a mismatch of configuration is taken as will-not-heal:
+/// an unknown CA, a wrong host name, an expired certificate, a client
+/// certificate the server refused. A garbled record (a middlebox, a
+/// flaky link) stays may-heal.
 fn may_heal(e: &sqlx::Error) -> bool {
-    matches!(
-        e,
-        sqlx::Error::Io(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::Protocol(_)
-            | sqlx::Error::WorkerCrashed
-    )
+    match e {
+        sqlx::Error::Io(io) => !tls_refusal(io),
+        sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
+}
+
+/// A TLS handshake that failed over certificates or configuration, which
+/// no retry can change.
+fn tls_refusal(io: &std::io::Error) -> bool {
+    use tokio_rustls::rustls::{AlertDescription as A, Error as T};
+    let Some(t) = io.get_ref().and_then(|e| e.downcast_ref::<T>()) else {
+        return false;
+    };
+    match t {
+        T::InvalidCertificate(_)
+        | T::NoCertificatesPresented
+        | T::UnsupportedNameType
+        | T::PeerIncompatible(_)
+        | T::InvalidCertRevocationList(_)
+        | T::NoApplicationProtocol
+        | T::InconsistentKeys(_) => true,
+        T::AlertReceived(a) => matches!(
+            a,
+            A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::AccessDenied
+                | A::HandshakeFailure
+                | A::ProtocolVersion
+                | A::InsufficientSecurity
+                | A::CertificateRequired
+                | A::UnrecognisedName
+        ),
+        _ => false,
+    }
+}
+
+/// Classify a failed connect. A file the URL names for TLS (a CA, a client
+/// certificate or key) that cannot be read comes back from sqlx as a bare
+/// `Io` error ("No such file or directory"), which looks like a network
+/// error and would be retried for ever: when one of the named files is
+/// unreadable, that is the cause, it will not heal by itself, and the
+/// error says which file and which parameter. The files are looked at only
+/// after a failure, so a healthy connect costs nothing.
+pub(crate) fn connect_failed<D: Dialect>(d: &D, e: &sqlx::Error) -> StoreError {
+    let context = format!("cannot connect to the store {}", d.shown());
+    if let sqlx::Error::Io(io) = e {
+        if let Some(why) = unreadable_tls_file(&d.shown(), D::TLS_FILES) {
+            return StoreError::Fatal(format!("{context}: {why}"));
+        }
+        if tls_refusal(io) {
+            return StoreError::Fatal(format!(
+                "{context}: {} (the TLS handshake refused it: not retried)",
+                message(e)
+            ));
+        }
+    }
+    classify::<D>(&context, e)
+}
+
+/// The first file named by one of `params` in the (shown) URL that cannot
+/// be read, as "cannot read PATH (named by PARAM): REASON". The shown URL
+/// has its passwords starred but its file parameters as given.
+fn unreadable_tls_file(shown: &str, params: &[&str]) -> Option<String> {
+    let url = url::Url::parse(shown).ok()?;
+    url.query_pairs()
+        .filter(|(k, _)| params.contains(&k.as_ref()))
+        // sqlx takes a value that is PEM text itself as inline data.
+        .filter(|(_, v)| !v.trim_start().starts_with("-----BEGIN"))
+        .find_map(|(k, v)| {
+            std::fs::File::open(v.as_ref()).err().map(|e| {
+                format!(
+                    "cannot read {} (named by {k}): {e}",
+                    crate::names::printable(&v)
+                )
+            })
+        })
 }
 
 /// A duration as whole milliseconds for the store, clamped to
@@ -146,47 +239,9 @@ where
     })
 }
 
-/// Make sure the lease table exists: look, create when missing, and look
-/// again when the create failed (a concurrent creator may have won, since
-/// `CREATE … IF NOT EXISTS` is not atomic against another one). `exists`
-/// returns one BIGINT, non-zero when the table is there.
-pub(crate) async fn ensure_table<D, C, DB>(
-    s: &D,
-    conn: &mut C,
-    exists: &'static str,
-    create: &'static str,
-) -> Result<(), StoreError>
-where
-    D: Dialect,
-    DB: sqlx::Database,
-    for<'e> &'e mut C: sqlx::Executor<'e, Database = DB>,
-    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
-{
-    let classify = |what: &str, e: &sqlx::Error| classify::<D>(&format!("{what} {}", s.shown()), e);
-    let there =
-        |row: Option<DB::Row>| row.and_then(|r| r.try_get::<i64, _>(0).ok()).unwrap_or(0) != 0;
-    let row = sqlx::query(exists)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(|e| classify("cannot query the store", &e))?;
-    if there(row) {
-        return Ok(());
-    }
-    let Err(e) = sqlx::query(create).execute(&mut *conn).await else {
-        return Ok(());
-    };
-    let again = sqlx::query(exists)
-        .fetch_optional(&mut *conn)
-        .await
-        .ok()
-        .flatten();
-    if there(again) {
-        return Ok(());
-    }
-    let err = classify("table leader_lease is missing in", &e);
-    Err(match err {
+/// The hint that goes with a lease table that could not be created.
+pub(crate) fn cannot_create(err: StoreError) -> StoreError {
+    match err {
         // A read-only server (a standby, a primary demoted during a
         // failover) may accept writes again soon: say so, and keep trying.
         StoreError::Unavailable(m) => {
@@ -195,7 +250,28 @@ where
         StoreError::Fatal(m) => StoreError::Fatal(format!(
             "{m} (create it with the SQL from `leaderrun init --print`, or grant CREATE)"
         )),
-    })
+    }
+}
+
+/// What status, check and release (and a run that finds its table gone)
+/// say when there is no lease table. Looking never creates it: pointed at
+/// the wrong database, a read-only command must not write there and then
+/// answer "nothing held".
+pub(crate) fn no_table(shown: &str) -> StoreError {
+    StoreError::Fatal(format!(
+        "there is no lease table leader_lease in the store {shown} (the wrong database?); \
+         status, check and release never create it: `leaderrun init` does, and so does a \
+         first run"
+    ))
+}
+
+/// What `init` says when the login lacks some of what a run needs.
+pub(crate) fn lacking(shown: &str, missing: &[String], grant: &str) -> StoreError {
+    StoreError::Fatal(format!(
+        "the login may not do what a run needs in the store {shown}: it lacks {}; \
+         grant it ({grant})",
+        missing.join(", ")
+    ))
 }
 
 /// Refuse query parameters the driver would not understand, naming the
@@ -217,4 +293,40 @@ pub(crate) fn check_params(url: &url::Url, known: &[&str]) -> Result<(), String>
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A TLS file that cannot be read is named with the parameter that
+    /// named it; inline PEM and files that exist are not.
+    #[test]
+    fn unreadable_tls_files_are_named() {
+        let dir = std::env::temp_dir().join(format!("lr-tlsfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let there = dir.join("ca.crt");
+        std::fs::write(&there, "x").expect("write");
+        let gone = dir.join("gone.crt");
+        let params = &["sslrootcert", "sslcert"];
+        let url = |q: &str| format!("postgres://u:***@h/db?{q}");
+        let ok = url(&format!("sslrootcert={}", there.display()));
+        assert_eq!(unreadable_tls_file(&ok, params), None);
+        let pem = url("sslrootcert=-----BEGIN%20CERTIFICATE-----x");
+        assert_eq!(unreadable_tls_file(&pem, params), None);
+        let bad = url(&format!(
+            "sslmode=verify-full&sslrootcert={}&sslcert={}",
+            there.display(),
+            gone.display()
+        ));
+        let said = unreadable_tls_file(&bad, params).expect("named");
+        assert!(
+            said.starts_with(&format!(
+                "cannot read {} (named by sslcert): ",
+                gone.display()
+            )),
+            "{said}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

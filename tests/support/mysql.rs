@@ -17,6 +17,8 @@ pub struct My {
     pub port: u16,
     pub dir: TempDir,
     server: Option<Child>,
+    /// Server options beyond [`SERVER_ARGS`] (TLS, a binary log, semi-sync).
+    extra: Vec<String>,
 }
 
 fn find(names: &[&str], dirs: &[&str]) -> Option<PathBuf> {
@@ -124,6 +126,76 @@ fn template() -> PathBuf {
 
 impl My {
     pub fn start() -> My {
+        My::start_with(Vec::new())
+    }
+
+    /// With TLS: a CA at `dir/ca.crt` signs the server's certificate for
+    /// localhost and 127.0.0.1 (see `make_certs`).
+    pub fn start_tls() -> My {
+        let dir = TempDir::new("my-certs");
+        super::make_certs(dir.path());
+        let f = |n: &str| dir.file(n).display().to_string();
+        let my = My::start_with(vec![
+            format!("--ssl-ca={}", f("ca.crt")),
+            format!("--ssl-cert={}", f("server.crt")),
+            format!("--ssl-key={}", f("server.key")),
+        ]);
+        for n in ["ca.crt", "server.crt", "server.key"] {
+            std::fs::copy(dir.file(n), my.dir.file(n)).expect("keep the certificates");
+        }
+        my
+    }
+
+    /// A primary for semi-synchronous replication: a binary log (with GTIDs,
+    /// as MariaDB always has), server id 1, semi-sync on as the primary.
+    pub fn start_primary() -> My {
+        My::start_with(vec![
+            "--log-bin=primary-bin".into(),
+            "--server-id=1".into(),
+            "--rpl-semi-sync-master-enabled=ON".into(),
+        ])
+    }
+
+    /// A semi-sync replica of `primary`, replicating from the start of its
+    /// binary log, connected (the primary counts it) before this returns.
+    pub fn start_replica(primary: &My) -> My {
+        let replica = My::start_with(vec![
+            "--server-id=2".into(),
+            "--rpl-semi-sync-slave-enabled=ON".into(),
+        ]);
+        replica.sql(&format!(
+            "CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {}, \
+             MASTER_USER = 'lr', MASTER_PASSWORD = '{PASSWORD}', MASTER_USE_GTID = slave_pos; \
+             START SLAVE",
+            primary.port
+        ));
+        primary.wait_for_replicas(1);
+        replica
+    }
+
+    /// Until the primary counts `n` semi-sync replicas.
+    pub fn wait_for_replicas(&self, n: u32) {
+        super::wait_for(
+            &format!("{n} semi-sync replica(s)"),
+            Duration::from_secs(20),
+            || {
+                self.try_sql("SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_clients'")
+                    .is_ok()
+                    && self.status("Rpl_semi_sync_master_clients") == n.to_string()
+            },
+        );
+    }
+
+    /// A global status variable's value.
+    pub fn status(&self, name: &str) -> String {
+        self.sql(&format!(
+            "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+             WHERE VARIABLE_NAME = '{}'",
+            name.to_uppercase()
+        ))
+    }
+
+    pub fn start_with(extra: Vec<String>) -> My {
         let template = template();
         let dir = TempDir::new("my");
         let data = dir.path().join("data");
@@ -147,6 +219,7 @@ impl My {
             port: 0,
             dir,
             server: None,
+            extra,
         };
         my.boot();
         my
@@ -172,6 +245,7 @@ impl My {
                 .arg(format!("--pid-file={}", d.join("pid").display()))
                 .arg(format!("--log-error={}", log.display()))
                 .arg(format!("--init-file={}", d.join("init.sql").display()))
+                .args(&self.extra)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
