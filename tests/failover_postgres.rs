@@ -149,6 +149,18 @@ impl Cluster {
     }
 }
 
+/// What `leaderrun status` says replication can lose, for `url`.
+fn replication(url: &str) -> leaderrun::store::Replication {
+    use leaderrun::store::StoreAdmin;
+    let mut s = leaderrun::store::postgres::PgStore::new(url, "test", 5 * SEC).expect("url");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(s.replication(5 * SEC))
+        .expect("replication")
+}
+
 fn stop(c: &mut Child) -> Option<i32> {
     signal(c.id(), Signal::SIGTERM);
     wait_exit(c, 10 * SEC).code()
@@ -225,7 +237,9 @@ fn async_promotion_hands_out_no_epoch_twice() {
     let mut a = c.contender(&c.url(), "a");
     assert_eq!(c.started("a"), 2);
     c.wrote("a");
-    let mut b = c.contender(&c.url(), "b");
+    // b reaches only the old primary (a host cut off with it): its command
+    // runs on until its give-up, beside the next holder.
+    let mut b = c.contender(&c.primary.url(), "b");
     std::thread::sleep(Duration::from_millis(300));
     stop(&mut a);
     assert_eq!(c.started("b"), 3, "{}", c.logs());
@@ -239,14 +253,19 @@ fn async_promotion_hands_out_no_epoch_twice() {
     let epoch = c.started("n");
     c.wrote("n");
     let took = promoted.elapsed();
-    // b's renewal meets the promoted server's row (epoch 1, free): lost.
     let code = wait_exit(&mut b, 10 * SEC).code();
     std::thread::sleep(Duration::from_millis(500));
     stop(&mut n);
     let v = judge(&c);
+    let stale: usize = c
+        .runs()
+        .iter()
+        .filter(|r| r.who == "b")
+        .map(|r| r.stale)
+        .sum();
     eprintln!(
         "async promotion: epochs {:?}; new holder led {:.0} ms after the promotion began; \
-         overlap {:.0} ms; b exited {code:?}\n{}",
+         overlap {:.0} ms; the fence refused {stale} of b's writes; b exited {code:?}\n{}",
         epochs(&c),
         took.as_secs_f64() * 1e3,
         overlap_ms(&c),
@@ -270,6 +289,9 @@ fn async_promotion_hands_out_no_epoch_twice() {
 fn split_brain_runs_two_holders_but_the_fence_refuses_the_old_side() {
     let mut c = Cluster::start(false, None);
     first_holder(&c);
+    let told = replication(&c.primary.url());
+    assert_eq!(told.can_lose_acknowledged, Some(true), "{told:?}");
+    assert_eq!(told.detail, "asynchronous, 1 standby");
     c.link.blackhole();
     c.standby.promote();
     // A client that still reaches the old primary, one that reaches the new.
@@ -315,7 +337,8 @@ fn split_brain_runs_two_holders_but_the_fence_refuses_the_old_side() {
 /// Synchronous replication, the standby's clock 3 s ahead: the holder's
 /// lease, written by the primary's clock, looks expired on the promoted
 /// server at once. It is adopted instead (held L more by the new clock),
-/// so the next holder starts only after the old one has stopped.
+/// so the next holder starts only after the old one has stopped (at its
+/// give-up, since it cannot reach the promoted server).
 #[test]
 fn sync_promotion_with_the_standby_clock_ahead_has_no_overlap() {
     let mut c = Cluster::start(true, Some("+3s"));
@@ -329,7 +352,10 @@ fn sync_promotion_with_the_standby_clock_ahead_has_no_overlap() {
             .expect("after 1970")
             .as_secs_f64();
     assert!(skew > 2.5, "the standby's clock is not ahead: {skew} s");
-    let mut x = c.contender(&c.url(), "x");
+    // x reaches only the old primary, so it cannot renew on the promoted
+    // server (where it would keep the adopted lease): its command runs until
+    // its give-up, the longest a rival could overlap with it.
+    let mut x = c.contender(&c.primary.url(), "x");
     assert_eq!(c.started("x"), 1);
     c.wrote("x");
     let mut y = c.contender(&c.url(), "y");
@@ -343,8 +369,17 @@ fn sync_promotion_with_the_standby_clock_ahead_has_no_overlap() {
     let code = wait_exit(&mut x, 10 * SEC).code();
     stop(&mut y);
     let v = judge(&c);
+    let runs = c.runs();
+    let gap = match (
+        runs.iter().find(|r| r.who == "x"),
+        runs.iter().find(|r| r.who == "y"),
+    ) {
+        (Some(x), Some(y)) => (y.times[0] as f64 - *x.times.last().unwrap_or(&0) as f64) / 1e6,
+        _ => f64::NAN,
+    };
     eprintln!(
-        "sync, clock +{skew:.1} s: epochs {:?}; overlap {:.0} ms; x exited {code:?}\n{}",
+        "sync, clock +{skew:.1} s: epochs {:?}; overlap {:.0} ms; y started {gap:.0} ms after x \
+         ended; x exited {code:?}\n{}",
         epochs(&c),
         overlap_ms(&c),
         v.summary
@@ -452,6 +487,9 @@ fn require_sync_leads_only_with_a_synchronous_standby() {
         out.stderr
     );
     assert!(!ran.exists());
+    let told = replication(&alone.url());
+    assert_eq!(told.can_lose_acknowledged, None, "{told:?}");
+    assert!(told.detail.contains("no standby connected"), "{told:?}");
     drop(alone);
 
     let c = Cluster::start(true, None);
@@ -465,6 +503,15 @@ fn require_sync_leads_only_with_a_synchronous_standby() {
         "postgres://app:apppw@127.0.0.1:{}/postgres?sslmode=disable&require=sync",
         c.primary.port
     );
+    let told = replication(&c.primary.url());
+    assert_eq!(told.can_lose_acknowledged, Some(false), "{told:?}");
+    assert!(
+        told.detail.contains("synchronous, 1 of 1 standby"),
+        "{told:?}"
+    );
+    let told = replication(&app);
+    assert_eq!(told.can_lose_acknowledged, None, "{told:?}");
+    assert!(told.detail.contains("pg_monitor"), "{told:?}");
     let out = run(lr(&app, "job", &[], &script));
     assert_eq!(out.code, Some(125), "{}", out.stderr);
     assert!(out.stderr.contains("pg_monitor"), "{}", out.stderr);
