@@ -396,8 +396,14 @@ fn sync_promotion_with_the_standby_clock_ahead_has_no_overlap() {
 
 /// A try-once run whose acquiring commit is left waiting for a synchronous
 /// standby that cannot answer (its link blackholed), then `interrupt`ed.
-/// Nothing may run, the lease must be free again, and leaderrun exits 125.
-fn interrupted_commit(interrupt: &[&str], then_cancel: bool) -> (Option<i32>, String, Duration) {
+/// Nothing may run, and the lease must be free again (with `handed_back`:
+/// its holder cleared, not merely expired). Returns leaderrun's exit, its
+/// log, and how long after the interruption it exited.
+fn interrupted_commit(
+    interrupt: &[&str],
+    then_cancel: bool,
+    handed_back: bool,
+) -> (Option<i32>, String, Duration) {
     let c = Cluster::start(true, None);
     c.link.blackhole();
     let mut p = spawn(
@@ -436,7 +442,12 @@ fn interrupted_commit(interrupt: &[&str], then_cancel: bool) -> (Option<i32>, St
         "the command ran on a commit the standby never had:\n{log}"
     );
     wait_for("the lease to be free on the primary", 5 * SEC, || {
-        c.primary.lease_row("job").starts_with('|')
+        let row = c.primary.lease_row("job");
+        if handed_back {
+            row.starts_with('|')
+        } else {
+            row.ends_with("|f")
+        }
     });
     (code, log, took)
 }
@@ -445,6 +456,7 @@ fn interrupted_commit(interrupt: &[&str], then_cancel: bool) -> (Option<i32>, St
 fn sync_acquire_whose_wait_is_cancelled_runs_nothing() {
     let (code, log, took) = interrupted_commit(
         &["SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"],
+        true,
         true,
     );
     eprintln!("cancelled commit wait: exit {code:?} {took:?} after the cancel\n{log}");
@@ -460,6 +472,7 @@ fn sync_acquire_released_by_emptying_synchronous_standby_names_runs_nothing() {
             "SELECT pg_reload_conf()",
         ],
         false,
+        true,
     );
     eprintln!("synchronous_standby_names emptied: exit {code:?} {took:?} after the reload\n{log}");
     assert_eq!(code, Some(125), "{log}");
@@ -529,4 +542,20 @@ fn require_sync_leads_only_with_a_synchronous_standby() {
     );
     let out = run(lr(&both, "job", &[], "true"));
     assert_eq!(out.code, Some(0), "{}", out.stderr);
+}
+
+/// The backend of an acquire waiting for the standby is terminated: Postgres
+/// warns ("canceling the wait … terminating connection") and closes the
+/// connection, so the reply never arrives whole. Nothing runs; the lease,
+/// granted at an epoch leaderrun never learnt, is left to expire.
+#[test]
+fn sync_acquire_whose_backend_is_terminated_runs_nothing() {
+    let (code, log, took) = interrupted_commit(
+        &["SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"],
+        false,
+        false,
+    );
+    eprintln!("terminated during the commit wait: exit {code:?} {took:?} after\n{log}");
+    assert_eq!(code, Some(125), "{log}");
+    assert!(log.contains("terminating connection"), "{log}");
 }

@@ -911,6 +911,19 @@ impl PgStore {
             .with_subscriber(self.dispatch.clone())
             .await;
         let warnings = self.notices.take();
+        // A call that failed after a warning: the warning may be why (a
+        // commit's wait for a standby cut short by a terminated backend
+        // warns, then closes the connection), and says the commit may stand.
+        let out = out.map_err(|e| {
+            if warnings.is_empty() {
+                return e;
+            }
+            let said = format!("{e} (the server had warned: {})", warnings.join("; "));
+            match e {
+                StoreError::Unavailable(_) => StoreError::Unavailable(said),
+                StoreError::Fatal(_) => StoreError::Fatal(said),
+            }
+        });
         let (rows, legacy_used) = out?.map_err(|create_err| {
             let Some(e) = create_err else {
                 return StoreError::Fatal(format!(
