@@ -41,14 +41,25 @@ struct Cluster {
     standby: Pg,
     /// The standby's link to the primary.
     link: Proxy,
-    fence: Pg,
+    /// The fenced resource, for tests with contenders.
+    fence: Option<Pg>,
     dir: TempDir,
 }
 
 impl Cluster {
     /// A primary with the lease table, a standby streaming from it (caught
-    /// up), synchronous when `sync`, its clock `clock_ahead` when given.
+    /// up), synchronous when `sync`, its clock `clock_ahead` when given; a
+    /// fenced resource for contenders.
     fn start(sync: bool, clock_ahead: Option<&str>) -> Cluster {
+        let mut c = Cluster::servers(sync, clock_ahead);
+        let fence = Pg::start();
+        fence.sql(SCHEMA);
+        c.fence = Some(fence);
+        c
+    }
+
+    /// The two servers only.
+    fn servers(sync: bool, clock_ahead: Option<&str>) -> Cluster {
         let primary = Pg::start_primary();
         primary.sql(leaderrun::store::postgres::TABLE_SQL);
         let link = Proxy::start(primary.port);
@@ -57,13 +68,11 @@ impl Cluster {
         if sync {
             primary.make_sync();
         }
-        let fence = Pg::start();
-        fence.sql(SCHEMA);
         Cluster {
             primary,
             standby,
             link,
-            fence,
+            fence: None,
             dir: TempDir::new("failover"),
         }
     }
@@ -75,6 +84,10 @@ impl Cluster {
              ?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
             self.primary.port, self.standby.port
         )
+    }
+
+    fn fence(&self) -> &Pg {
+        self.fence.as_ref().expect("a cluster with a fence")
     }
 
     fn log(&self) -> std::path::PathBuf {
@@ -93,7 +106,7 @@ impl Cluster {
             .args(["--test-threads", "1", "-q"])
             .env(
                 "CHAOS_CHILD",
-                format!("{}|{}|{who}", self.log().display(), self.fence.url()),
+                format!("{}|{}|{who}", self.log().display(), self.fence().url()),
             );
         spawn(c, &self.dir.file(&format!("{who}.log")))
     }
@@ -125,7 +138,7 @@ impl Cluster {
     }
 
     fn accepted(&self) -> Vec<i64> {
-        self.fence
+        self.fence()
             .sql("SELECT epoch FROM chaos_accepted ORDER BY id")
             .lines()
             .filter_map(|l| l.trim().parse().ok())
@@ -404,7 +417,7 @@ fn interrupted_commit(
     then_cancel: bool,
     handed_back: bool,
 ) -> (Option<i32>, String, Duration) {
-    let c = Cluster::start(true, None);
+    let c = Cluster::servers(true, None);
     c.link.blackhole();
     let mut p = spawn(
         lr(&c.primary.url(), "job", &TIMING, &worker(&c.dir, "w")),
@@ -505,7 +518,7 @@ fn require_sync_leads_only_with_a_synchronous_standby() {
     assert!(told.detail.contains("no standby connected"), "{told:?}");
     drop(alone);
 
-    let c = Cluster::start(true, None);
+    let c = Cluster::servers(true, None);
     // A role that may not see pg_stat_replication's details is told which
     // grant it needs.
     c.primary.sql(
