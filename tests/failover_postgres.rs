@@ -259,7 +259,7 @@ fn async_promotion_hands_out_no_epoch_twice() {
     c.wrote("b");
     let mut n = c.contender(&c.url(), "n");
     std::thread::sleep(Duration::from_millis(300));
-    c.primary.crash();
+    c.primary.kill();
 
     let promoted = Instant::now();
     c.standby.promote();
@@ -316,7 +316,7 @@ fn split_brain_runs_two_holders_but_the_fence_refuses_the_old_side() {
     c.wrote("new");
     std::thread::sleep(2 * SEC);
     let killed = Instant::now();
-    c.primary.crash();
+    c.primary.kill();
     let code = wait_exit(&mut old, 10 * SEC).code();
     let old_stopped = killed.elapsed();
     stop(&mut new);
@@ -374,7 +374,7 @@ fn sync_promotion_with_the_standby_clock_ahead_has_no_overlap() {
     let mut y = c.contender(&c.url(), "y");
     // A renewal or two, synchronously replicated.
     std::thread::sleep(Duration::from_millis(1500));
-    c.primary.crash();
+    c.primary.kill();
     c.standby.promote();
     let epoch = c.started("y");
     c.wrote("y");

@@ -369,6 +369,17 @@ impl Pg {
         }
     }
 
+    /// Kill the whole server at once (SIGKILL to its process group), as a
+    /// power cut would: nothing of it runs a moment later.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            // Not reaped yet, so the group id is still the postmaster's.
+            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+            let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = c.wait();
+        }
+    }
+
     /// Freeze (SIGSTOP) or thaw (SIGCONT) the whole server.
     pub fn freeze(&self, frozen: bool) {
         super::freeze_server(self.server.as_ref(), frozen, true);
