@@ -310,7 +310,14 @@ fn a_lease_from_another_timeline_is_adopted_not_taken() {
     rt().block_on(async {
         let (mut a, mut b) = (store(&pg.url()), store(&pg.url()));
         assert_eq!(a.acquire("n", "a", short, T).await.unwrap(), Some(1));
-        pg.sql("UPDATE leader_lease SET timeline = 7, expires_at = now() - interval '1 second'");
+        // The holder renews a lease from another timeline whatever the
+        // other clock's expiry says: the grant is its own.
+        let foreign = "UPDATE leader_lease SET timeline = 7, expires_at = now() - interval '1 second'";
+        pg.sql(foreign);
+        assert!(a.renew("n", "a", 1, short, T).await.unwrap());
+        assert!(!a.renew("n", "a", 2, short, T).await.unwrap(), "another grant");
+        assert_eq!(pg.sql("SELECT timeline, expires_at > now() FROM leader_lease"), "1|t");
+        pg.sql(foreign);
         let t0 = Instant::now();
         assert_eq!(b.acquire("n", "b", short, T).await.unwrap(), None, "taken on a foreign clock");
         assert_eq!(pg.sql("SELECT holder, epoch, timeline, expires_at > now() + interval '1 second' FROM leader_lease"), "a|1|1|t");

@@ -178,6 +178,12 @@ fn set_timeline(cols: Columns) -> String {
     }
 }
 
+// The lease must be unexpired, except that a lease last written on another
+// timeline is renewed whatever its expiry says: that expiry was written by
+// another server's clock, and holder and epoch match only the grant this
+// holder got, which no one has taken on this timeline (taking records the
+// timeline). The holder renews only before its own give-up deadline, which
+// is earlier than that lease's end on the clock that wrote it.
 fn renew_sql(
     name: &str,
     holder: &str,
@@ -186,10 +192,16 @@ fn renew_sql(
     cols: Columns,
 ) -> Result<String, sqlx::Error> {
     let (name, holder) = (text(name)?, text(holder)?);
+    let live = match cols {
+        Columns::WithTimeline => {
+            format!("(expires_at > now() OR timeline IS DISTINCT FROM {TIMELINE})")
+        }
+        Columns::Legacy => "expires_at > now()".to_string(),
+    };
     Ok(format!(
         "UPDATE leader_lease
         SET expires_at = {end}{tl}
-      WHERE name = {name} AND holder = {holder} AND epoch = {epoch} AND expires_at > now()
+      WHERE name = {name} AND holder = {holder} AND epoch = {epoch} AND {live}
      RETURNING epoch, {SYNC_COLUMNS}",
         end = lease_end(ms),
         tl = set_timeline(cols),
@@ -1298,7 +1310,7 @@ impl Store for PgStore {
             .await?;
         let tag = |r: &PgRow| r.try_get::<String, _>(0).unwrap_or_default();
         if let Some(r) = ran.rows.iter().find(|r| tag(r) == "adopted") {
-            tracing::debug!(
+            tracing::info!(
                 event = "adopted",
                 "the lease was written on another timeline (a failover of the store): \
                  held at least one lease from now by this server's clock, epoch {}",
