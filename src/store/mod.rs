@@ -622,10 +622,11 @@ fn parse(raw: &str, origin: Origin) -> Result<url::Url, ResolveError> {
             known_schemes()
         )));
     }
-    // etcd clusters are named by a host list (`etcd://a:2379,b:2379`),
-    // which URL syntax has no room for; it is rewritten into one first.
+    // etcd clusters and libpq's multi-host URLs are named by a host list
+    // (`etcd://a:2379,b:2379`), which URL syntax has no room for; it is
+    // rewritten into one first.
     let folded;
-    let raw = if matches!(scheme, "etcd" | "etcds") {
+    let raw = if matches!(scheme, "etcd" | "etcds" | "postgres" | "postgresql") {
         folded = etcd::fold_hosts(raw);
         folded.as_str()
     } else {

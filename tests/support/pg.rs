@@ -18,6 +18,11 @@ pub struct Pg {
     bin: PathBuf,
     server: Option<Child>,
     owner: Option<(u32, u32)>,
+    /// Run with `synchronous_commit = on` (a primary whose commits may wait
+    /// for a synchronous standby) instead of the fast `off`.
+    durable: bool,
+    /// Extra environment for the server (libfaketime for a clock ahead).
+    env: Vec<(String, String)>,
 }
 
 /// Where the server binaries are: PATH first, then Debian's versioned dirs.
@@ -80,6 +85,10 @@ impl Pg {
     /// With `tls`, the server also speaks TLS with a fresh self-signed
     /// certificate for `localhost`, signed by a CA at `dir/ca.crt`.
     pub fn start_with(tls: bool) -> Pg {
+        Pg::start_opts(tls, false)
+    }
+
+    fn start_opts(tls: bool, durable: bool) -> Pg {
         let bin = pg_bin();
         let owner = server_owner();
         let dir = TempDir::new("pg");
@@ -155,9 +164,138 @@ impl Pg {
             bin,
             server: None,
             owner,
+            durable,
+            env: Vec::new(),
         };
         pg.boot();
         pg
+    }
+
+    /// A primary for streaming standbys: `synchronous_commit = on`, so that
+    /// its commits wait for a standby once `synchronous_standby_names` names
+    /// one ([`Pg::make_sync`]).
+    pub fn start_primary() -> Pg {
+        Pg::start_opts(false, true)
+    }
+
+    /// A streaming standby of `primary`, made by `pg_basebackup -R` into a
+    /// data dir of its own, on its own port, reaching the primary through
+    /// `upstream` (a fault proxy's port, so the link can be cut), named `s1`
+    /// for `synchronous_standby_names`. With `clock_ahead` (`"+3s"`) it runs
+    /// under libfaketime with its clock that far ahead of the host's.
+    pub fn standby_of(primary: &Pg, upstream: u16, clock_ahead: Option<&str>) -> Pg {
+        let owner = primary.owner;
+        let dir = TempDir::new("pg-standby");
+        if let Some((uid, gid)) = owner {
+            nix::unistd::chown(
+                dir.path(),
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .expect("chown temp dir");
+        }
+        let data = dir.path().join("data");
+        let mut bb = Command::new(primary.bin.join("pg_basebackup"));
+        bb.arg("-D")
+            .arg(&data)
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-R", "-X", "stream"])
+            .args(["--no-sync", "-c", "fast"])
+            .arg("-p")
+            .arg(primary.port.to_string())
+            .env("PGPASSWORD", PASSWORD)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        as_owner(&mut bb, owner);
+        let out = bb.output().expect("run pg_basebackup");
+        assert!(
+            out.status.success(),
+            "pg_basebackup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // -R wrote standby.signal and a primary_conninfo to the primary's
+        // own port; a later line wins: through the proxy, with a name.
+        let conninfo = format!(
+            "\nprimary_conninfo = 'host=127.0.0.1 port={upstream} user=postgres \
+             password={PASSWORD} application_name=s1'\n"
+        );
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.auto.conf"))
+            .expect("postgresql.auto.conf");
+        std::io::Write::write_all(&mut f, conninfo.as_bytes()).expect("write conf");
+        let env = match clock_ahead {
+            None => Vec::new(),
+            Some(off) => vec![
+                (
+                    "LD_PRELOAD".to_string(),
+                    super::libfaketime().display().to_string(),
+                ),
+                ("FAKETIME".to_string(), off.to_string()),
+                // Only the wall clock: timeouts and waits keep their length.
+                ("FAKETIME_DONT_FAKE_MONOTONIC".to_string(), "1".to_string()),
+            ],
+        };
+        let mut pg = Pg {
+            port: 0,
+            dir,
+            bin: primary.bin.clone(),
+            server: None,
+            owner,
+            durable: true,
+            env,
+        };
+        pg.boot();
+        pg
+    }
+
+    /// Make the standby `s1` synchronous (`synchronous_standby_names`, a
+    /// reload), and wait until the primary reports it so.
+    pub fn make_sync(&self) {
+        self.sql("ALTER SYSTEM SET synchronous_standby_names = 's1'");
+        self.sql("SELECT pg_reload_conf()");
+        super::wait_for("a synchronous standby", Duration::from_secs(30), || {
+            self.try_sql("SELECT sync_state FROM pg_stat_replication WHERE application_name = 's1'")
+                .is_ok_and(|s| s == "sync")
+        });
+    }
+
+    /// Wait until standby `s1` streams from this primary and has replayed
+    /// everything written so far.
+    pub fn wait_replayed(&self) {
+        let lsn = self.sql("SELECT pg_current_wal_lsn()");
+        super::wait_for("the standby to replay", Duration::from_secs(30), || {
+            self.try_sql(&format!(
+                "SELECT replay_lsn >= '{lsn}' FROM pg_stat_replication WHERE application_name = 's1' AND state = 'streaming'"
+            ))
+            .is_ok_and(|s| s == "t")
+        });
+    }
+
+    /// Promote this standby (`pg_ctl promote`), waiting until it takes
+    /// writes.
+    pub fn promote(&self) {
+        let mut c = Command::new(self.bin.join("pg_ctl"));
+        c.arg("promote")
+            .arg("-w")
+            .arg("-D")
+            .arg(self.data_dir())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        as_owner(&mut c, self.owner);
+        let out = c.output().expect("run pg_ctl promote");
+        assert!(
+            out.status.success(),
+            "pg_ctl promote failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        super::wait_for(
+            "the promoted standby to take writes",
+            Duration::from_secs(30),
+            || {
+                self.try_sql("SELECT pg_is_in_recovery()")
+                    .is_ok_and(|s| s == "f")
+            },
+        );
     }
 
     /// Start (or restart) the server on a fresh free port when it has none.
@@ -177,7 +315,13 @@ impl Pg {
                 .arg("-k")
                 .arg(self.dir.path())
                 .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
-                .args(["-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
+                .args(["-c", "full_page_writes=off"])
+                .args(if self.durable {
+                    [].as_slice()
+                } else {
+                    ["-c", "synchronous_commit=off"].as_slice()
+                })
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().expect("log"))
                 .stderr(log);
@@ -204,13 +348,34 @@ impl Pg {
     }
 
     /// Stop the server at once, like a crash (`-m immediate`).
+    /// A postmaster that has not gone 3 s after SIGQUIT (seen once: a
+    /// minute, with a standby's link blackholed) is killed with its whole
+    /// process group.
     pub fn crash(&mut self) {
         self.freeze(false);
         if let Some(mut c) = self.server.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(c.id() as i32),
-                nix::sys::signal::Signal::SIGQUIT,
-            );
+            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGQUIT);
+            let t0 = std::time::Instant::now();
+            while matches!(c.try_wait(), Ok(None)) {
+                if t0.elapsed() > Duration::from_secs(3) {
+                    // Not reaped yet, so the group id is still its own.
+                    let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// Kill the whole server at once (SIGKILL to its process group), as a
+    /// power cut would: nothing of it runs a moment later.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            // Not reaped yet, so the group id is still the postmaster's.
+            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+            let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
             let _ = c.wait();
         }
     }
