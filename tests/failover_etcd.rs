@@ -284,6 +284,14 @@ fn a_frozen_follower_listed_first_costs_the_holder_nothing() {
     judge("frozen follower", &out, &[fault], end, LEASE + RETRY);
     assert_eq!(status.code, Some(0), "status: {}", status.stderr);
     assert!(status.stdout.contains(&holder), "{}", status.stdout);
+    assert!(
+        status.stdout.contains(
+            "replication: Raft, 3 voting members (a write is acknowledged once 2 have it); \
+             a failover cannot lose an acknowledged acquisition"
+        ),
+        "{}",
+        status.stdout
+    );
     assert!(took < Duration::from_secs(10), "status took {took:?}");
     assert!(gap <= (LEASE + RETRY).as_nanos(), "{:.0} ms", ms(gap));
     assert_eq!(

@@ -575,6 +575,11 @@ fn the_documented_role_is_all_a_user_needs() {
     let res = admin(&url, &["status"]);
     assert_eq!(res.code, Some(0), "{}", res.stderr);
     assert!(res.stdout.contains("job"), "{}", res.stdout);
+    assert!(
+        res.stdout.contains("replication: Raft, 1 voting member"),
+        "{}",
+        res.stdout
+    );
     let res = admin(&url, &["check", "--name", "job", "--epoch", "2"]);
     assert_eq!(res.code, Some(0), "{}", res.stderr);
     let res = admin(&url, &["release", "--name", "job"]);

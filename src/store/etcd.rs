@@ -6,7 +6,7 @@
 //! Rust. etcd serves the same v3 API as JSON over plain HTTP (its gRPC
 //! gateway, `/v3/...`; 3.4 also answers on the older `/v3beta/`, which 3.5
 //! dropped, so `/v3/` is the one that works on both). The calls needed here
-//! are a handful of request/response POSTs on one keep-alive connection, so
+//! are a handful of request/response POSTs on keep-alive connections, so
 //! the client (src/store/etcd_client.rs) is a small one over tokio (and
 //! tokio-rustls for `etcds://`, both already built for the Redis store),
 //! not a new stack.
@@ -31,23 +31,26 @@
 //! does not keep to.
 //!
 //! Renewal is one `LeaseKeepAlive` (checked: TTL > 0) and a read of the key
-//! (checked: still ours at our epoch). Release deletes the key only if its
-//! value is still ours, then revokes our etcd lease.
+//! (checked: still ours at our epoch), on one member whose Raft term must
+//! not move meanwhile ([`renew_on`] says why). Release deletes the key only
+//! if its value is still ours, then revokes our etcd lease.
 //!
-//! Several endpoints (`etcd://a:2379,b:2379`): a call that cannot connect
-//! tries the next one at once; a call that fails after sending is not
-//! repeated (it may have been applied), but the next call starts at the next
-//! endpoint. Every request is linearizable (no `serializable` reads), so any
-//! member answers with the quorum's view.
+//! Several endpoints (`etcd://a:2379,b:2379`): a member that refuses, fails
+//! or hangs is passed over within the call, and a call abandoned at its
+//! deadline moves the next one to another member (src/store/etcd_client.rs).
+//! Everything sent that way may reach etcd more than once, so every write
+//! here is one that is safe to apply twice; each says why, next to it.
+//! Every request is linearizable (no `serializable` reads), so any member
+//! answers with the quorum's view.
 //!
 //! Push wake-ups: a `Watch` on `leaderrun/lease/NAME`, made before each
 //! attempt, fires on delete, whether by release, revocation or expiry. The
 //! gateway streams it as `/v3/watch`, one JSON object per event, on a
 //! connection of its own (src/store/etcd_watch.rs).
 //!
-//! The client takes its connection out for a call and puts it back only on
-//! success, so a call abandoned by the elector's timer leaves nothing
-//! half-read behind.
+//! A connection is taken out for a request and put back only once its
+//! reply was read whole, so a call abandoned by the elector's timer leaves
+//! nothing half-read behind.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -59,7 +62,8 @@ use tokio::time::Instant;
 
 use super::sql::{check_params, millis};
 use super::{
-    AnyStore, Capabilities, Init, LeaseInfo, Store, StoreAdmin, StoreError, Target, MAX_STORED,
+    AnyStore, Capabilities, Init, LeaseInfo, Replication, Store, StoreAdmin, StoreError, Target,
+    MAX_STORED,
 };
 
 #[path = "etcd_client.rs"]
@@ -897,6 +901,39 @@ impl StoreAdmin for EtcdStore {
         })
         .await;
         self.settle(r, timeout, "cannot use")
+    }
+
+    /// A Raft quorum: etcd acknowledges a write once a majority of the
+    /// voting members has it in its log on disk, so no failover loses it.
+    /// Learners (non-voting members) do not count towards that majority.
+    async fn replication(&mut self, timeout: Duration) -> Result<Replication, StoreError> {
+        self.client.deadline(Instant::now() + timeout);
+        let r = tokio::time::timeout(
+            timeout,
+            self.client.rpc("/v3/cluster/member/list", &json!({})),
+        )
+        .await;
+        let list = self.settle(r, timeout, "cannot read")?;
+        let voters = list
+            .get("members")
+            .and_then(Value::as_array)
+            .map_or(0, |m| {
+                m.iter()
+                    .filter(|m| m.get("isLearner").and_then(Value::as_bool) != Some(true))
+                    .count()
+            });
+        let detail = match voters {
+            0 => "Raft, members not listed".to_string(),
+            1 => "Raft, 1 voting member (a write is acknowledged once it is on its disk)".into(),
+            n => format!(
+                "Raft, {n} voting members (a write is acknowledged once {} have it)",
+                n / 2 + 1
+            ),
+        };
+        Ok(Replication {
+            can_lose_acknowledged: (voters > 0).then_some(false),
+            detail,
+        })
     }
 
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {

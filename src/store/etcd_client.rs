@@ -465,6 +465,13 @@ impl Session {
                             "TLS with {host}:{port} failed: {e}"
                         )))
                     }
+                    // May heal (a member closing while it restarts), but
+                    // also what a member that does not serve TLS does.
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        return Err(EtcdError::Transport(format!(
+                            "TLS with {host}:{port} failed: {e} (does it serve TLS?)"
+                        )))
+                    }
                     Err(e) => {
                         return Err(EtcdError::Transport(format!(
                             "TLS with {host}:{port} failed: {e}"
