@@ -463,7 +463,16 @@ impl EtcdStore {
                     .client
                     .rpc("/v3/lease/timetolive", &json!({"ID": id.to_string()}))
                     .await?;
-                int(&r, "grantedTTL")
+                match int(&r, "grantedTTL") {
+                    // Gone again already (revoked, or a call slower than
+                    // the TTL): not a minimum to report.
+                    0 => {
+                        return Err(EtcdError::Transport(
+                            "the etcd lease just granted is gone".into(),
+                        ))
+                    }
+                    granted => granted,
+                }
             }
             Err(e) => return Err(e),
         };

@@ -719,6 +719,113 @@ async fn read_response(io: &mut BufReader<Box<dyn Io>>) -> std::io::Result<(u16,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::net::TcpListener;
+
+    /// A member that accepts connections and never answers (frozen).
+    async fn silent() -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut kept = Vec::new();
+            while let Ok((c, _)) = l.accept().await {
+                kept.push(c);
+            }
+        });
+        port
+    }
+
+    /// A member that answers every POST with an empty JSON reply at once.
+    async fn answering() -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((c, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut io = BufReader::new(c);
+                    loop {
+                        let mut len = 0;
+                        let mut line = String::new();
+                        loop {
+                            line.clear();
+                            if io.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            if let Some(v) = line.strip_prefix("Content-Length: ") {
+                                len = v.trim().parse().unwrap();
+                            }
+                        }
+                        let mut body = vec![0; len];
+                        io.read_exact(&mut body).await.unwrap();
+                        let reply = r#"{"header":{"raft_term":"2"}}"#;
+                        let head =
+                            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", reply.len());
+                        let w = io.get_mut();
+                        w.write_all(head.as_bytes()).await.unwrap();
+                        w.write_all(reply.as_bytes()).await.unwrap();
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    fn client(ports: &[u16]) -> Client {
+        let eps = ports
+            .iter()
+            .map(|p| ("127.0.0.1".to_string(), *p))
+            .collect();
+        Client::new(eps, false, None, None)
+    }
+
+    /// A frozen member listed first costs one hedge, not the call: the
+    /// second member is asked a quarter of the way in and answers; the
+    /// next call starts there.
+    #[tokio::test]
+    async fn a_silent_member_is_hedged_within_the_call() {
+        let mut c = client(&[silent().await, answering().await]);
+        let t0 = Instant::now();
+        c.deadline(t0 + Duration::from_millis(400));
+        let body = json!({});
+        let call = c.rpc("/v3/kv/range", &body);
+        let r = tokio::time::timeout(Duration::from_secs(1), call).await;
+        r.expect("in time").expect("answered");
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(100), "{took:?}");
+        assert!(took < Duration::from_millis(400), "{took:?}");
+        let t0 = Instant::now();
+        c.deadline(t0 + Duration::from_millis(400));
+        c.rpc("/v3/kv/range", &json!({})).await.expect("answered");
+        assert!(
+            t0.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
+
+    /// A call dropped while it waits on a frozen member (the elector's
+    /// deadline) moves the next call to the next member, which then
+    /// answers before any hedge.
+    #[tokio::test]
+    async fn an_abandoned_call_moves_the_next_one_on() {
+        let mut c = client(&[silent().await, answering().await]);
+        c.deadline(Instant::now() + Duration::from_secs(10));
+        let dropped =
+            tokio::time::timeout(Duration::from_millis(50), c.rpc("/v3/kv/range", &json!({})))
+                .await;
+        assert!(dropped.is_err(), "the silent member answered");
+        let t0 = Instant::now();
+        c.deadline(t0 + Duration::from_secs(10));
+        c.rpc("/v3/kv/range", &json!({})).await.expect("answered");
+        // A hedge would come only after 500 ms.
+        assert!(
+            t0.elapsed() < Duration::from_millis(250),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
 
     #[test]
     fn hedging_leaves_room_for_the_next_members() {
