@@ -17,14 +17,13 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use support::chaos_child::{boot_ns, SCHEMA};
 use support::checker::{self, Fault, Limits, Run};
-use support::etcd::{Cluster, ELECTION_MS};
+use support::etcd::{election_ms, Cluster};
 use support::*;
 
 const LEASE: Duration = Duration::from_secs(3);
 const GIVE_UP: Duration = Duration::from_secs(2);
 const KILL_AFTER: Duration = Duration::from_millis(500);
 const RETRY: Duration = Duration::from_secs(1);
-const ELECTION: Duration = Duration::from_millis(ELECTION_MS);
 const MS: u128 = 1_000_000;
 
 /// The child: this test binary again, running only `chaos_child`.
@@ -374,7 +373,8 @@ fn leader_fails(failure: Failure) {
     // The worst a handover can take: two election timeouts to elect a
     // leader, which renews every etcd lease by one more election timeout
     // and the TTL; then etcd's 500 ms expiry sweep and one retry.
-    let bound = ELECTION * 3 + LEASE + Duration::from_millis(500) + RETRY;
+    let bound =
+        Duration::from_millis(election_ms()) * 3 + LEASE + Duration::from_millis(500) + RETRY;
     eprintln!(
         "{what}: longest time without a running command {:.0} ms (bound {:.0} ms); \
          next command started {} after the fault; leaderships {}",
@@ -469,7 +469,8 @@ fn losing_quorum_stops_the_holder_and_leading_resumes_after() {
         .iter()
         .find(|r| r.times[0] >= heal)
         .map(|r| r.times[0] - heal);
-    let bound = ELECTION * 3 + LEASE + Duration::from_millis(500) + RETRY;
+    let bound =
+        Duration::from_millis(election_ms()) * 3 + LEASE + Duration::from_millis(500) + RETRY;
     eprintln!(
         "quorum lost for {:.0} ms: the holder's command stopped {:.0} ms after the fault \
          (bound G + K = {:.0} ms); a command ran again {} after the quorum was back \
