@@ -320,25 +320,41 @@ fn dead_server_and_wrong_password_are_told_apart() {
     });
 }
 
-/// A blackholed call returns within its timeout; the next call goes to the
-/// next endpoint. A dead first endpoint is skipped at once.
+/// A blackholed call returns within its timeout. With a second endpoint
+/// listed, the same call is answered by it, within the same timeout (the
+/// first endpoint is not waited out), and so is the next one. A dead first
+/// endpoint is skipped at once.
 #[test]
 fn blackholed_call_returns_within_its_timeout_and_endpoints_fail_over() {
     let e = Etcd::start();
     let proxy = Proxy::start(e.port);
     rt().block_on(async {
         let url = format!("etcd://127.0.0.1:{},127.0.0.1:{}", proxy.port, e.port);
-        let mut a = store(&url);
+        let alone = format!("etcd://127.0.0.1:{}", proxy.port);
+        let (mut a, mut one) = (store(&url), store(&alone));
         assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
+        assert!(one.renew("n", "a", 1, L, T).await.unwrap());
         proxy.blackhole();
         let t0 = Instant::now();
-        let err = a
+        let err = one
             .renew("n", "a", 1, L, Duration::from_millis(300))
             .await
             .unwrap_err();
         assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
         assert!(
             t0.elapsed() < Duration::from_millis(800),
+            "{:?}",
+            t0.elapsed()
+        );
+        let t0 = Instant::now();
+        assert!(
+            a.renew("n", "a", 1, L, Duration::from_millis(300))
+                .await
+                .unwrap(),
+            "answered by the second endpoint within the call"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_millis(300),
             "{:?}",
             t0.elapsed()
         );
@@ -446,4 +462,144 @@ fn tls_is_verified() {
         let err = store(&plain).acquire("n", "a", L, T).await.unwrap_err();
         assert!(err.to_string().contains("connection"), "{err}");
     });
+}
+
+fn admin(url: &str, args: &[&str]) -> Output {
+    let mut c = leaderrun();
+    c.args(args).args(["--store", url]);
+    run(c)
+}
+
+/// What will not heal ends a `--wait` at once, as it ends a try-once run:
+/// exit 125 with one line naming the problem, before the first retry, no
+/// password shown, no command started. An unknown CA, a missing `cacert=`
+/// file, a wrong password, a user without the role.
+#[test]
+fn what_will_not_heal_ends_a_wait_too() {
+    let tls = Etcd::start_with(true);
+    let mut auth = Etcd::start();
+    auth.enable_auth("app", "app-pw");
+    auth.ctl(&["user", "add", "nobody:nobody-pw"]);
+    let dir = TempDir::new("etcd-fatal");
+    let ran = dir.file("ran");
+    let missing = dir.file("no-such-ca.pem");
+    let cases = [
+        (format!("etcds://127.0.0.1:{}", tls.port), "certificate"),
+        (
+            format!(
+                "etcds://127.0.0.1:{}?cacert={}",
+                tls.port,
+                missing.display()
+            ),
+            "cannot read cacert",
+        ),
+        (
+            format!("etcd://app:Wr0ngSecret@127.0.0.1:{}", auth.port),
+            "authentication failed",
+        ),
+        (
+            format!("etcd://nobody:nobody-pw@127.0.0.1:{}", auth.port),
+            "permission denied",
+        ),
+    ];
+    // Retried, the first retry would go out after 5 s.
+    let extra = ["--wait", "--lease", "3s", "--retry", "5s"];
+    for (url, why) in cases {
+        let t0 = Instant::now();
+        let res = run(lr(&url, "w", &extra, &format!("touch {}", ran.display())));
+        let took = t0.elapsed();
+        assert_eq!(res.code, Some(125), "{url}: {}", res.stderr);
+        assert!(took < Duration::from_secs(5), "{url}: retried? {took:?}");
+        assert_eq!(
+            res.stderr.trim().lines().count(),
+            1,
+            "{url}: {}",
+            res.stderr
+        );
+        assert!(res.stderr.contains(why), "{url}: {}", res.stderr);
+        assert!(!res.stderr.contains("retrying"), "{url}: {}", res.stderr);
+        assert!(!res.stderr.contains("Wr0ngSecret"), "{}", res.stderr);
+        assert!(!res.stderr.contains("nobody-pw"), "{}", res.stderr);
+        assert!(!ran.exists(), "{url}: the command ran");
+    }
+}
+
+/// A user with exactly the role docs/stores.md documents (read and write
+/// on the `leaderrun/` prefix) can do everything: run and renew, be woken
+/// by a release (the watch), release, and `status`, `check` and
+/// `release` as an operator. A free lease shows as `free`.
+#[test]
+fn the_documented_role_is_all_a_user_needs() {
+    let mut e = Etcd::start();
+    e.enable_auth("app", "app-pw");
+    let url = format!("etcd://app:app-pw@127.0.0.1:{}", e.port);
+    let dir = TempDir::new("etcd-role");
+    // Renewed twice (R = 1 s), then released by the exit.
+    let mut first = spawn(
+        lr(&url, "job", &["--lease", "3s", "-v"], "sleep 2.5"),
+        &dir.file("first.log"),
+    );
+    wait_for("the first holder", Duration::from_secs(10), || {
+        e.get("leaderrun/lease/job").starts_with("1:")
+    });
+    // With a retry longer than the test, only a wake-up starts it soon.
+    let mut second = spawn(
+        lr(
+            &url,
+            "job",
+            &["--wait", "--lease", "3s", "--retry", "60s", "-v"],
+            &worker(&dir, "w"),
+        ),
+        &dir.file("second.log"),
+    );
+    let st = wait_exit(&mut first, Duration::from_secs(10));
+    let exited = Instant::now();
+    assert_eq!(st.code(), Some(0), "{}", read(&dir.file("first.log")));
+    assert!(
+        read(&dir.file("first.log")).contains("released"),
+        "{}",
+        read(&dir.file("first.log"))
+    );
+    wait_file(&dir.file("w.pid"), Duration::from_secs(10));
+    let woken = exited.elapsed();
+    let log = read(&dir.file("second.log"));
+    assert!(!log.contains("push wake-ups unavailable"), "{log}");
+    // The lease lasts 3 s after the last renewal: starting well before
+    // that, the second was woken by the watch.
+    assert!(woken < Duration::from_secs(1), "{woken:?}: {log}");
+    assert_eq!(read(&dir.file("w.epoch")).trim(), "2");
+
+    let res = admin(&url, &["status", "--name", "job"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    assert!(res.stdout.contains("held, expires in"), "{}", res.stdout);
+    let res = admin(&url, &["status"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    assert!(res.stdout.contains("job"), "{}", res.stdout);
+    assert!(
+        res.stdout.contains("replication: Raft, 1 voting member"),
+        "{}",
+        res.stdout
+    );
+    let res = admin(&url, &["check", "--name", "job", "--epoch", "2"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    let res = admin(&url, &["release", "--name", "job"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    assert!(res.stdout.contains("released job"), "{}", res.stdout);
+    // The holder's next renewal matches nothing: stopped, exit 75.
+    let st = wait_exit(&mut second, Duration::from_secs(10));
+    assert_eq!(st.code(), Some(75), "{}", read(&dir.file("second.log")));
+
+    let res = admin(&url, &["status", "--name", "job"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    let row = res.stdout.lines().nth(1).unwrap_or_default().to_string();
+    assert!(row.starts_with("job"), "{}", res.stdout);
+    assert!(row.ends_with("free"), "{}", res.stdout);
+    let res = admin(&url, &["status", "--name", "job", "--json"]);
+    assert!(
+        res.stdout.contains("\"expires_in_ms\":null"),
+        "{}",
+        res.stdout
+    );
+    let res = admin(&url, &["check", "--name", "job", "--epoch", "2"]);
+    assert_eq!(res.code, Some(1), "{}", res.stderr);
 }

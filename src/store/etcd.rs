@@ -6,7 +6,7 @@
 //! Rust. etcd serves the same v3 API as JSON over plain HTTP (its gRPC
 //! gateway, `/v3/...`; 3.4 also answers on the older `/v3beta/`, which 3.5
 //! dropped, so `/v3/` is the one that works on both). The calls needed here
-//! are a handful of request/response POSTs on one keep-alive connection, so
+//! are a handful of request/response POSTs on keep-alive connections, so
 //! the client (src/store/etcd_client.rs) is a small one over tokio (and
 //! tokio-rustls for `etcds://`, both already built for the Redis store),
 //! not a new stack.
@@ -31,23 +31,26 @@
 //! does not keep to.
 //!
 //! Renewal is one `LeaseKeepAlive` (checked: TTL > 0) and a read of the key
-//! (checked: still ours at our epoch). Release deletes the key only if its
-//! value is still ours, then revokes our etcd lease.
+//! (checked: still ours at our epoch), on one member whose Raft term must
+//! not move meanwhile ([`renew_on`] says why). Release deletes the key only
+//! if its value is still ours, then revokes our etcd lease.
 //!
-//! Several endpoints (`etcd://a:2379,b:2379`): a call that cannot connect
-//! tries the next one at once; a call that fails after sending is not
-//! repeated (it may have been applied), but the next call starts at the next
-//! endpoint. Every request is linearizable (no `serializable` reads), so any
-//! member answers with the quorum's view.
+//! Several endpoints (`etcd://a:2379,b:2379`): a member that refuses, fails
+//! or hangs is passed over within the call, and a call abandoned at its
+//! deadline moves the next one to another member (src/store/etcd_client.rs).
+//! Everything sent that way may reach etcd more than once, so every write
+//! here is one that is safe to apply twice; each says why, next to it.
+//! Every request is linearizable (no `serializable` reads), so any member
+//! answers with the quorum's view.
 //!
 //! Push wake-ups: a `Watch` on `leaderrun/lease/NAME`, made before each
 //! attempt, fires on delete, whether by release, revocation or expiry. The
 //! gateway streams it as `/v3/watch`, one JSON object per event, on a
 //! connection of its own (src/store/etcd_watch.rs).
 //!
-//! The client takes its connection out for a call and puts it back only on
-//! success, so a call abandoned by the elector's timer leaves nothing
-//! half-read behind.
+//! A connection is taken out for a request and put back only once its
+//! reply was read whole, so a call abandoned by the elector's timer leaves
+//! nothing half-read behind.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -55,10 +58,12 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use serde_json::{json, Value};
+use tokio::time::Instant;
 
 use super::sql::{check_params, millis};
 use super::{
-    AnyStore, Capabilities, Init, LeaseInfo, Store, StoreAdmin, StoreError, Target, MAX_STORED,
+    AnyStore, Capabilities, Init, LeaseInfo, Replication, Store, StoreAdmin, StoreError, Target,
+    MAX_STORED,
 };
 
 #[path = "etcd_client.rs"]
@@ -66,7 +71,7 @@ mod client;
 #[path = "etcd_watch.rs"]
 mod watch;
 
-use client::{int, Client, EtcdError, Res};
+use client::{int, Client, EtcdError, Res, Session, Step};
 
 const LEASE_PREFIX: &str = "leaderrun/lease/";
 const EPOCH_PREFIX: &str = "leaderrun/epoch/";
@@ -301,6 +306,86 @@ fn ttl_secs(d: Duration) -> i64 {
     i64::try_from(ms.div_ceil(1000)).unwrap_or(i64::MAX)
 }
 
+/// A lease ID for a grant, chosen here rather than by etcd (see
+/// [`EtcdStore::grant`]): 63 random bits, never 0 (which asks etcd to
+/// choose). The randomness is std's per-process hash keys (from the
+/// operating system), applied to a counter and the time.
+fn fresh_lease_id() -> i64 {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let keys = RandomState::new();
+    loop {
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let id = (keys.hash_one((n, t, std::process::id())) >> 1) as i64;
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// One renewal on one member (one connection): a `LeaseKeepAlive`, then a
+/// linearizable read that the key still holds our value on our etcd lease.
+/// `Ok(false)` when the lease or the key is no longer ours.
+///
+/// **Why the member's Raft term must not move.** A keepalive restores the
+/// TTL in the lessor of whichever member believes it leads. A leader that
+/// was replaced without knowing it (cut off from its peers, or frozen and
+/// just thawed, or stuck on a slow disk: etcd issue 15247) still renews
+/// from its own table and answers with a full TTL, while the real leader
+/// lets the lease run out: believing that reply would let a rival in
+/// before `sent + L`. So the renewal counts only when the reply before the
+/// keepalive (a lower bound of the member's term when it handled it), the
+/// keepalive's own reply and the read's reply after it all carry the same
+/// term T. The read is linearizable: its member (or, for a follower, the
+/// leader it forwards to) confirmed with a quorum in term T, after the
+/// keepalive was handled, that it still leads; a quorum that had already
+/// elected a leader of a later term would not have confirmed it. So the
+/// keepalive was handled by the leader of the cluster at that time, and
+/// any later leader, on taking over, renews every lease in full from
+/// then. Both requests go to this one member for the same reason: a read
+/// answered by another member says nothing about who handled the
+/// keepalive. Both are safe to repeat: another keepalive only moves the
+/// expiry later, a read changes nothing.
+async fn renew_on(s: &mut Session, lk: &str, value: &str, id: i64) -> Res<bool> {
+    let read = json!({"key": b64(lk)});
+    if s.term().is_none() {
+        // A new connection: the member's term to start from.
+        s.call("/v3/kv/range", &read).await?;
+    }
+    for _ in 0..3 {
+        let before = s.term();
+        let r = match s
+            .call("/v3/lease/keepalive", &json!({"ID": id.to_string()}))
+            .await
+        {
+            Err(e) if e.is_not_found() => return Ok(false),
+            r => r?,
+        };
+        // TTL 0: etcd no longer has the lease (revoked or expired).
+        if int(&r, "TTL") <= 0 {
+            return Ok(false);
+        }
+        let during = s.term();
+        // The etcd lease lives; is the key on it still ours? (`leaderrun
+        // release` deletes the key and revokes the lease, but either step
+        // alone must also count as a loss.)
+        let r = s.call("/v3/kv/range", &read).await?;
+        if before == during && during == s.term() {
+            let kv = kvs(&r)?.pop();
+            return Ok(kv.is_some_and(|kv| kv.value == value && kv.lease == id));
+        }
+        // The term moved under the renewal: whose table it renewed is not
+        // known. Again, in the new term.
+    }
+    Err(EtcdError::Transport(
+        "the cluster's leader kept changing during the renewal".into(),
+    ))
+}
+
 impl EtcdStore {
     pub fn new(url: &url::Url) -> Result<EtcdStore, String> {
         let p = from_url(url)?;
@@ -351,19 +436,46 @@ impl EtcdStore {
         Ok(int(&r, "TTL"))
     }
 
-    /// A lease of `ttl` whole seconds, exactly, or a refusal.
-    async fn grant(&mut self, ttl: i64) -> Res<i64> {
-        let r = self
-            .client
-            .rpc("/v3/lease/grant", &json!({"TTL": ttl.to_string()}))
-            .await?;
-        let (id, granted) = (int(&r, "ID"), int(&r, "TTL"));
-        if id == 0 {
-            return Err(EtcdError::Refused(format!(
-                "etcd granted no lease: {}",
-                r.get("error").and_then(Value::as_str).unwrap_or("")
-            )));
-        }
+    /// A lease of `ttl` whole seconds, exactly, under the ID `id`, or a
+    /// refusal.
+    ///
+    /// The ID is ours ([`fresh_lease_id`]) rather than etcd's, so that the
+    /// grant can be repeated: a copy sent to a second member while the
+    /// first hangs (src/store/etcd_client.rs), or an attempt whose reply
+    /// was lost, is told "lease already exists", which here means granted.
+    /// With an ID etcd picked, every repeat would leave a lease behind, and
+    /// one whose reply was lost could not even be revoked.
+    async fn grant(&mut self, ttl: i64, id: i64) -> Res<()> {
+        let body = json!({"TTL": ttl.to_string(), "ID": id.to_string()});
+        let granted = match self.client.rpc("/v3/lease/grant", &body).await {
+            Ok(r) if int(&r, "ID") == id => int(&r, "TTL"),
+            Ok(r) => {
+                return Err(EtcdError::Refused(format!(
+                    "etcd granted no lease: {}",
+                    r.get("error").and_then(Value::as_str).unwrap_or("")
+                )))
+            }
+            // Granted by an earlier copy of this request. (Another client
+            // choosing the same random 63-bit ID is not a case worth a
+            // branch.)
+            Err(e) if e.is_exists() => {
+                let r = self
+                    .client
+                    .rpc("/v3/lease/timetolive", &json!({"ID": id.to_string()}))
+                    .await?;
+                match int(&r, "grantedTTL") {
+                    // Gone again already (revoked, or a call slower than
+                    // the TTL): not a minimum to report.
+                    0 => {
+                        return Err(EtcdError::Transport(
+                            "the etcd lease just granted is gone".into(),
+                        ))
+                    }
+                    granted => granted,
+                }
+            }
+            Err(e) => return Err(e),
+        };
         if granted != ttl {
             let _ = self.revoke(id).await;
             return Err(EtcdError::Refused(format!(
@@ -371,7 +483,7 @@ impl EtcdStore {
                  or more (its minimum is 1.5 × the cluster's election timeout)"
             )));
         }
-        Ok(id)
+        Ok(())
     }
 
     /// The lease key and the counter, read together (one linearizable txn).
@@ -425,16 +537,26 @@ impl EtcdStore {
                 None => (0, 0),
             };
             // Granted only once the lease looks free, so a waiting
-            // contender's polls write nothing.
+            // contender's polls write nothing. Remembered before it is
+            // sent, so that a grant whose reply never came is revoked too.
             let lease_id = match *id {
                 Some(i) => i,
                 None => {
-                    let i = self.grant(ttl).await?;
+                    let i = fresh_lease_id();
                     *id = Some(i);
+                    self.grant(ttl, i).await?;
                     i
                 }
             };
             let epoch = current + 1;
+            let value = lease_value(epoch, holder);
+            // Safe to send to several members (src/store/etcd_client.rs):
+            // every copy compares the counter's mod_revision with the one
+            // read, and the first copy applied changes it, so at most one
+            // copy puts anything. A copy applied after another one (or
+            // after an earlier attempt whose reply was lost) fails its
+            // compare and reads the key back: our value on our etcd lease,
+            // which no one else can have put, means the lease is ours.
             let r = self
                 .txn(
                     json!([
@@ -442,18 +564,32 @@ impl EtcdStore {
                         {"key": b64(&ek), "target": "MOD", "result": "EQUAL", "mod_revision": rev.to_string()},
                     ]),
                     json!([
-                        {"request_put": {"key": b64(&lk), "value": b64(&lease_value(epoch, holder)), "lease": lease_id.to_string()}},
+                        {"request_put": {"key": b64(&lk), "value": b64(&value), "lease": lease_id.to_string()}},
                         {"request_put": {"key": b64(&ek), "value": b64(&epoch.to_string())}},
                     ]),
                     json!([range_op(&lk)]),
                 )
-                .await?;
-            if r.get("succeeded").and_then(Value::as_bool) == Some(true) {
+                .await;
+            let r = match r {
+                // Our grant is gone (it ran out, or was revoked, while this
+                // call went on): take a new one.
+                Err(e) if e.is_not_found() => {
+                    *id = None;
+                    continue;
+                }
+                r => r?,
+            };
+            let ours = r.get("succeeded").and_then(Value::as_bool) == Some(true) || {
+                let now = kvs(txn_part(&r, 0, "response_range")?)?;
+                match now.first() {
+                    Some(kv) if kv.value == value && kv.lease == lease_id => true,
+                    Some(_) => return Ok(None),
+                    None => false,
+                }
+            };
+            if ours {
                 self.grants.insert(name.to_string(), (epoch, lease_id));
                 return Ok(Some(epoch));
-            }
-            if !kvs(txn_part(&r, 0, "response_range")?)?.is_empty() {
-                return Ok(None);
             }
         }
     }
@@ -474,23 +610,19 @@ impl EtcdStore {
         let Some(id) = self.grant_of(name, &value, epoch).await? else {
             return Ok(false);
         };
-        let r = match self
-            .client
-            .rpc("/v3/lease/keepalive", &json!({"ID": id.to_string()}))
-            .await
-        {
-            Err(e) if e.is_not_found() => return Ok(false),
-            r => r?,
+        let lk = lease_key(name);
+        let (lk, value) = (lk.as_str(), value.as_str());
+        let step = move |mut s: Session| -> Step<'_, bool> {
+            Box::pin(async move {
+                let r = renew_on(&mut s, lk, value, id).await;
+                (s, r)
+            })
         };
-        if int(&r, "TTL") <= 0 {
+        let renewed = self.client.call(&step).await?;
+        if !renewed {
             self.grants.remove(name);
-            return Ok(false);
         }
-        // The etcd lease lives; is the key on it still ours? (`leaderrun
-        // release` deletes the key and revokes the lease, but either step
-        // alone must also count as a loss.)
-        let (lease, _) = self.read(name).await?;
-        Ok(lease.is_some_and(|kv| kv.value == value && kv.lease == id))
+        Ok(renewed)
     }
 
     async fn release_inner(
@@ -507,6 +639,11 @@ impl EtcdStore {
         let old = self.grant_of(name, &value, epoch).await?;
         self.grants.remove(name);
         let Some(old) = old else { return Ok(false) };
+        // Each write below is safe to send to several members, applied
+        // any number of times in any order: it changes the key only while
+        // it holds exactly our `EPOCH:HOLDER`, which no later holder's key
+        // can (its epoch is higher), and a revocation of our own etcd lease
+        // touches nothing but our key.
         if keep.is_zero() {
             let r = self
                 .txn(
@@ -516,21 +653,27 @@ impl EtcdStore {
                 )
                 .await?;
             let done = r.get("succeeded").and_then(Value::as_bool) == Some(true);
-            if done {
-                let _ = self.revoke(old).await;
-            }
+            // Revoked whatever the delete found: our etcd lease holds
+            // nothing of anyone else's, and a copy of the delete that was
+            // applied first (its reply lost) leaves this one finding
+            // nothing to delete.
+            let _ = self.revoke(old).await;
             return Ok(done);
         }
         // `--min-hold`: etcd cannot shorten a lease, so the key moves to a
         // new one of `keep` (whole seconds, rounded up) and ours is revoked.
-        let r = self
+        let new = fresh_lease_id();
+        let grant = self
             .client
             .rpc(
                 "/v3/lease/grant",
-                &json!({"TTL": ttl_secs(keep).to_string()}),
+                &json!({"TTL": ttl_secs(keep).to_string(), "ID": new.to_string()}),
             )
-            .await?;
-        let new = int(&r, "ID");
+            .await;
+        match grant {
+            Err(e) if !e.is_exists() => return Err(e),
+            _ => {}
+        }
         let r = self
             .txn(
                 ours,
@@ -623,14 +766,21 @@ impl EtcdStore {
         }
         let (lk, rev, id) = (lease_key(name), kv.mod_revision, kv.lease);
         let was = self.info(name, Some(kv), counter).await?;
+        // Safe to send to several members: it deletes the key only at the
+        // revision read, which the first delete applied ends.
         let r = self
             .txn(
                 json!([{"key": b64(&lk), "target": "MOD", "result": "EQUAL", "mod_revision": rev.to_string()}]),
                 json!([{"request_delete_range": {"key": b64(&lk)}}]),
-                json!([]),
+                json!([range_op(&lk)]),
             )
             .await?;
-        if r.get("succeeded").and_then(Value::as_bool) != Some(true) {
+        // A key still there (or back) has changed hands since the read;
+        // gone, it went by this delete (a copy of it whose reply was lost)
+        // or ended at that moment by itself: free either way.
+        if r.get("succeeded").and_then(Value::as_bool) != Some(true)
+            && !kvs(txn_part(&r, 0, "response_range")?)?.is_empty()
+        {
             return Ok(None);
         }
         // Revoked too, so the old holder's next keepalive fails at once.
@@ -649,6 +799,7 @@ impl Store for EtcdStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
+        self.client.deadline(Instant::now() + timeout);
         let ttl = ttl_secs(lease);
         let work = async { self.acquire_inner(name, holder, ttl).await };
         let r = tokio::time::timeout(timeout, work).await;
@@ -663,6 +814,7 @@ impl Store for EtcdStore {
         _lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
+        self.client.deadline(Instant::now() + timeout);
         // The TTL was fixed at the grant; a keepalive restores it in full.
         let r = tokio::time::timeout(timeout, self.renew_inner(name, holder, epoch)).await;
         self.settle(r, timeout, "cannot renew in")
@@ -676,6 +828,7 @@ impl Store for EtcdStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
+        self.client.deadline(Instant::now() + timeout);
         let r = tokio::time::timeout(timeout, self.release_inner(name, holder, epoch, keep)).await;
         self.settle(r, timeout, "cannot release in")
     }
@@ -685,6 +838,7 @@ impl Store for EtcdStore {
         name: &str,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
+        self.client.deadline(Instant::now() + timeout);
         let r = tokio::time::timeout(timeout, self.inspect_inner(name)).await;
         self.settle(r, timeout, "cannot read")
     }
@@ -701,9 +855,8 @@ impl EtcdStore {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.classify(what, e)),
             Err(_) => {
-                // The abandoned request may still be in flight on the old
-                // connection (dropped with the future); start elsewhere.
-                self.client.skip_endpoint();
+                // The abandoned call left its mark in the client, so the
+                // next one starts at another member (etcd_client.rs).
                 Err(StoreError::Unavailable(format!(
                     "the store {} did not answer within {}",
                     self.shown,
@@ -749,6 +902,7 @@ impl StoreAdmin for EtcdStore {
     /// (and authenticating) is still checked, so `init` fails on a wrong
     /// password.
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
+        self.client.deadline(Instant::now() + timeout);
         let r = tokio::time::timeout(timeout, async {
             self.client
                 .rpc("/v3/kv/range", &json!({"key": b64(EPOCH_PREFIX)}))
@@ -759,7 +913,41 @@ impl StoreAdmin for EtcdStore {
         self.settle(r, timeout, "cannot use")
     }
 
+    /// A Raft quorum: etcd acknowledges a write once a majority of the
+    /// voting members has it in its log on disk, so no failover loses it.
+    /// Learners (non-voting members) do not count towards that majority.
+    async fn replication(&mut self, timeout: Duration) -> Result<Replication, StoreError> {
+        self.client.deadline(Instant::now() + timeout);
+        let r = tokio::time::timeout(
+            timeout,
+            self.client.rpc("/v3/cluster/member/list", &json!({})),
+        )
+        .await;
+        let list = self.settle(r, timeout, "cannot read")?;
+        let voters = list
+            .get("members")
+            .and_then(Value::as_array)
+            .map_or(0, |m| {
+                m.iter()
+                    .filter(|m| m.get("isLearner").and_then(Value::as_bool) != Some(true))
+                    .count()
+            });
+        let detail = match voters {
+            0 => "Raft, members not listed".to_string(),
+            1 => "Raft, 1 voting member (a write is acknowledged once it is on its disk)".into(),
+            n => format!(
+                "Raft, {n} voting members (a write is acknowledged once {} have it)",
+                n / 2 + 1
+            ),
+        };
+        Ok(Replication {
+            can_lose_acknowledged: (voters > 0).then_some(false),
+            detail,
+        })
+    }
+
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
+        self.client.deadline(Instant::now() + timeout);
         let r = tokio::time::timeout(timeout, self.list_inner()).await;
         self.settle(r, timeout, "cannot read")
     }
@@ -770,6 +958,7 @@ impl StoreAdmin for EtcdStore {
         epoch: Option<i64>,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
+        self.client.deadline(Instant::now() + timeout);
         let r = tokio::time::timeout(timeout, self.clear_inner(name, epoch)).await;
         self.settle(r, timeout, "cannot release in")
     }

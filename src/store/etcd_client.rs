@@ -1,14 +1,47 @@
 //! A small HTTP/1.1 client for etcd's v3 JSON gateway (etcd.rs says why
-//! not gRPC): POSTs of JSON on one keep-alive connection, to the first of
-//! several endpoints that answers, over TCP or TLS (`etcds://`), with an
-//! auth token when the URL names a user. Errors keep etcd's gRPC status, so
-//! that the store can tell what may heal.
+//! not gRPC): POSTs of JSON over keep-alive connections to the members the
+//! URL lists, over TCP or TLS (`etcds://`), with an auth token when the URL
+//! names a user. Errors keep etcd's gRPC status, so that the store can tell
+//! what may heal.
+//!
+//! # A member that hangs costs one hedge, not the call
+//!
+//! A member can hang without refusing anything: a frozen process (`kill
+//! -STOP`, a stuck disk, a paused VM) still has its listening socket, so the
+//! kernel accepts the connection and the request sits unanswered. Two rules
+//! keep such a member from eating the lease's budget:
+//!
+//! * **Within a call, another member is asked too** ([`Client::call`]). The
+//!   first attempt goes to the member that answered last; if it has not
+//!   answered after [`hedge`] (a quarter of the time left, 10–500 ms), the
+//!   same step goes to the next member as well, and so on. The first answer
+//!   wins and the other attempts are dropped with their connections; a
+//!   member that fails outright (refused, reset, `no leader`) is passed over
+//!   at once. A slow member is not cut off, so a call that is merely slow
+//!   still gets its answer. This repeats a step, so every step sent this way
+//!   must be safe to apply more than once, in any order with its copies:
+//!   etcd.rs says why each one is, next to it.
+//! * **A call abandoned moves the next one on.** A call is abandoned when
+//!   the store's timeout fires or the elector drops its future at its own
+//!   deadline (the same instant, so nothing after the `await` ever runs).
+//!   The client therefore marks where a call is out *before* it waits
+//!   (`out`), and clears the mark only when the call completes; the next call
+//!   that finds a mark left behind starts at the member after it.
+//!
+//! The stream a watch reads ([`Client::stream`]) tries the members in turn
+//! and follows the second rule: it is one request whose answer never ends,
+//! so there is nothing to race.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tokio_rustls::rustls;
 
 /// A reply larger than this is not from an etcd we understand.
@@ -20,6 +53,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 pub(super) struct Conn {
     pub io: BufReader<Box<dyn Io>>,
     pub endpoint: usize,
+    /// The Raft term in the last reply read on this connection, that is
+    /// from its one member (src/store/etcd.rs: the renewal's term check).
+    term: Option<i64>,
 }
 
 #[derive(Debug)]
@@ -33,18 +69,26 @@ pub(super) enum EtcdError {
 }
 
 impl EtcdError {
+    /// May heal, and worth asking another member about within the same
+    /// call: a member that cannot answer now says nothing about the rest.
     pub fn is_transient(&self) -> bool {
         match self {
             EtcdError::Transport(_) => true,
             // CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED,
             // INTERNAL, UNAVAILABLE ("no leader", "request timed out",
-            // "too many requests", a member shutting down).
+            // "leader changed", "too many requests", a member shutting
+            // down).
             EtcdError::Status(code, _) => matches!(code, 1 | 4 | 8 | 10 | 13 | 14),
             EtcdError::Refused(_) => false,
         }
     }
     pub fn is_not_found(&self) -> bool {
         matches!(self, EtcdError::Status(5, _))
+    }
+    /// etcd's "lease already exists" (FAILED_PRECONDITION), the answer to a
+    /// grant of an ID that is taken.
+    pub fn is_exists(&self) -> bool {
+        matches!(self, EtcdError::Status(9, m) if m.contains("already exists"))
     }
 }
 
@@ -59,8 +103,23 @@ impl std::fmt::Display for EtcdError {
 
 pub(super) type Res<T> = Result<T, EtcdError>;
 
+/// One attempt of a call's step on one member, as [`Client::call`] runs it:
+/// it owns its [`Session`] and hands it back with its result.
+pub(super) type Step<'b, T> = Pin<Box<dyn Future<Output = (Session, Res<T>)> + 'b>>;
+
+/// How long an attempt may go unanswered before the next member is asked
+/// too: a quarter of the time left, so that with three members listed the
+/// third still gets half of it; at least 10 ms (below that, a healthy
+/// member's linearizable read would be hedged routinely); at most 500 ms (a
+/// healthy cluster answers in milliseconds, while a frozen member never
+/// does, and `status` with its 10 s should not wait seconds on one).
+pub(super) fn hedge(left: Duration) -> Duration {
+    (left / 4).clamp(Duration::from_millis(10), Duration::from_millis(500))
+}
+
 /// One cluster, as the URL names it, and what is learnt from it: the
-/// connection in use, the endpoint to try first, the auth token.
+/// connection kept from the last call, the member to try first, the auth
+/// token.
 pub(super) struct Client {
     endpoints: Vec<(String, u16)>,
     tls: bool,
@@ -68,8 +127,15 @@ pub(super) struct Client {
     connector: Option<tokio_rustls::TlsConnector>,
     user: Option<(String, String)>,
     token: Option<String>,
-    conn: Option<Conn>,
+    idle: Option<Conn>,
     next: usize,
+    /// The member a call last sent an attempt to, while that call is out.
+    /// A call that completes clears it; one that was abandoned leaves it
+    /// behind, and the next call starts at the member after it.
+    out: Option<usize>,
+    /// The current call's deadline (set by the store for every call): the
+    /// hedging interval is a share of what is left of it.
+    deadline: Option<Instant>,
 }
 
 impl Client {
@@ -86,8 +152,10 @@ impl Client {
             connector: None,
             user,
             token: None,
-            conn: None,
+            idle: None,
             next: 0,
+            out: None,
+            deadline: None,
         }
     }
 
@@ -101,48 +169,34 @@ impl Client {
             connector: self.connector.clone(),
             user: self.user.clone(),
             token: None,
-            conn: None,
+            idle: None,
             next: self.next,
+            out: None,
+            deadline: None,
         }
     }
 
-    /// A call was abandoned (its request may still be in flight on the
-    /// dropped connection): the next one starts at the next endpoint.
-    pub fn skip_endpoint(&mut self) {
-        self.next = (self.next + 1) % self.endpoints.len();
+    /// The deadline of the call about to be made.
+    pub fn deadline(&mut self, at: Instant) {
+        self.deadline = Some(at);
     }
 
-    /// Authenticate first when the URL names a user and no token is held.
-    pub async fn ensure_token(&mut self) -> Res<()> {
-        if self.user.is_some() && self.token.is_none() {
-            self.authenticate().await?;
+    /// Where the next call starts: after the member an abandoned call was
+    /// left waiting on, whose connection went with it.
+    fn start(&mut self) -> usize {
+        if let Some(ep) = self.out.take() {
+            self.next = (ep + 1) % self.endpoints.len();
+            self.idle = None;
         }
-        Ok(())
+        self.next
     }
 
-    /// The token was refused (expired, or the server restarted): the next
-    /// call authenticates anew.
-    pub fn forget_token(&mut self) {
-        self.token = None;
-    }
-
-    /// The request line and headers of a POST of `len` bytes of JSON.
-    pub fn head(&self, path: &str, conn: &Conn, len: usize) -> String {
-        let (host, port) = &self.endpoints[conn.endpoint];
-        let mut head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n\
-             Content-Length: {len}\r\n"
-        );
-        if let Some(t) = &self.token {
-            head.push_str(&format!("Authorization: {t}\r\n"));
+    fn tls_connector(&mut self) -> Res<Option<tokio_rustls::TlsConnector>> {
+        if !self.tls {
+            return Ok(None);
         }
-        head.push_str("\r\n");
-        head
-    }
-
-    fn tls_connector(&mut self) -> Res<tokio_rustls::TlsConnector> {
         if let Some(c) = &self.connector {
-            return Ok(c.clone());
+            return Ok(Some(c.clone()));
         }
         // The system's roots (which honour SSL_CERT_FILE / SSL_CERT_DIR),
         // plus the CA named by `cacert=` for a private cluster.
@@ -165,61 +219,201 @@ impl Client {
             .with_no_client_auth();
         let c = tokio_rustls::TlsConnector::from(Arc::new(config));
         self.connector = Some(c.clone());
-        Ok(c)
+        Ok(Some(c))
     }
 
-    /// A connection to the first endpoint that accepts one, starting at
-    /// `next`: nothing was sent yet, so moving on is always safe.
-    pub async fn connect(&mut self) -> Res<Conn> {
+    fn session(
+        &self,
+        endpoint: usize,
+        conn: Option<Conn>,
+        tls: Option<tokio_rustls::TlsConnector>,
+    ) -> Session {
+        let (host, port) = self.endpoints[endpoint].clone();
+        Session {
+            endpoint,
+            host,
+            port,
+            tls,
+            conn,
+            user: self.user.clone(),
+            token: self.token.clone(),
+        }
+    }
+
+    /// A completed call's session: its token and its connection are kept
+    /// for the next call, which starts at its member.
+    fn adopt(&mut self, s: Session) {
+        if s.token.is_some() {
+            self.token = s.token;
+        }
+        self.next = s.endpoint;
+        self.idle = s.conn;
+        self.out = None;
+    }
+
+    /// One POST of `body` to `path`, on whichever member answers first
+    /// (see the module's doc): only for a request that is safe to apply
+    /// more than once.
+    pub async fn rpc(&mut self, path: &str, body: &Value) -> Res<Value> {
+        let step = one(path, body);
+        self.call(&step).await
+    }
+
+    /// Run `op`, a step of one or more requests on one member, on the
+    /// members in turn, hedged (see the module's doc): the first to finish
+    /// with a result or an error that is not transient decides. Every
+    /// request in `op` must be safe to apply more than once.
+    pub async fn call<'b, T, F>(&mut self, op: &F) -> Res<T>
+    where
+        F: Fn(Session) -> Step<'b, T>,
+    {
+        let tls = self.tls_connector()?;
         let n = self.endpoints.len();
-        let mut last = String::new();
-        for i in 0..n {
-            let idx = (self.next + i) % n;
-            let (host, port) = self.endpoints[idx].clone();
-            let tcp = match TcpStream::connect((host.as_str(), port)).await {
-                Ok(t) => t,
-                Err(e) => {
-                    last = format!("cannot connect to {host}:{port}: {e}");
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
-            let io: Box<dyn Io> = if self.tls {
-                let connector = self.tls_connector()?;
-                let name = rustls::pki_types::ServerName::try_from(host.clone())
-                    .map_err(|e| EtcdError::Refused(format!("bad host name {host}: {e}")))?;
-                match connector.connect(name, tcp).await {
-                    Ok(s) => Box::new(s),
-                    Err(e) => {
-                        // A certificate problem will not heal; say so.
-                        if e.kind() == std::io::ErrorKind::InvalidData {
-                            return Err(EtcdError::Refused(format!(
-                                "TLS with {host}:{port} failed: {e}"
-                            )));
-                        }
-                        last = format!("TLS with {host}:{port} failed: {e}");
-                        continue;
+        let first = self.start();
+        let mut idle = self.idle.take();
+        let mut attempts: Vec<Step<'b, T>> = Vec::with_capacity(n);
+        let (mut started, mut now_please) = (0, true);
+        let mut hedge_at = Instant::now();
+        let mut last = None;
+        loop {
+            let now = Instant::now();
+            if started < n && (now_please || now >= hedge_at) {
+                let ep = (first + started) % n;
+                started += 1;
+                let conn = idle.take().filter(|c| c.endpoint == ep);
+                // Marked before the attempt can block: if this call is
+                // dropped from here on, the next one starts after `ep`.
+                self.out = Some(ep);
+                attempts.push(op(self.session(ep, conn, tls.clone())));
+                let left = self
+                    .deadline
+                    .map_or(Duration::MAX, |d| d.saturating_duration_since(now));
+                hedge_at = now + hedge(left);
+                now_please = false;
+                continue;
+            }
+            if attempts.is_empty() {
+                // Every member was asked and none could answer.
+                self.out = None;
+                self.next = (first + 1) % n;
+                return Err(last.unwrap_or_else(|| EtcdError::Transport("no endpoint".into())));
+            }
+            let more = started < n;
+            let mut timer = std::pin::pin!(tokio::time::sleep_until(hedge_at));
+            let done = std::future::poll_fn(|cx| {
+                for (i, a) in attempts.iter_mut().enumerate() {
+                    if let Poll::Ready(r) = a.as_mut().poll(cx) {
+                        return Poll::Ready(Some((i, r)));
                     }
                 }
-            } else {
-                Box::new(tcp)
-            };
-            self.next = idx;
-            return Ok(Conn {
-                io: BufReader::new(io),
-                endpoint: idx,
-            });
+                if more && timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                Poll::Pending
+            })
+            .await;
+            let Some((i, (s, r))) = done else { continue };
+            drop(attempts.swap_remove(i));
+            match r {
+                Err(e) if e.is_transient() => {
+                    last = Some(e);
+                    now_please = true;
+                }
+                r => {
+                    // An answer, or an error no other member would change
+                    // (a refused password, a missing permission, a
+                    // certificate): the call is done; the attempts still
+                    // out are dropped, with their connections.
+                    self.adopt(s);
+                    return r;
+                }
+            }
         }
-        Err(EtcdError::Transport(last))
     }
 
-    /// One POST of `body` to `path`; etcd's JSON reply, or its error.
-    pub async fn rpc(&mut self, path: &str, body: &Value) -> Res<Value> {
-        if self.user.is_some() && self.token.is_none() && path != "/v3/auth/authenticate" {
+    /// A request whose reply is a stream that does not end (a watch): the
+    /// members in turn, each until it fails, from where the last call
+    /// left off. The call stays marked out (see the module's doc) until
+    /// [`Client::settled`], which the watch calls once etcd confirmed it,
+    /// so that a start abandoned while a member hangs moves the next start
+    /// on.
+    pub async fn stream(&mut self, path: &str, body: &Value) -> Res<Conn> {
+        let tls = self.tls_connector()?;
+        let n = self.endpoints.len();
+        let first = self.start();
+        let mut last = None;
+        for k in 0..n {
+            let ep = (first + k) % n;
+            self.out = Some(ep);
+            let mut s = self.session(ep, None, tls.clone());
+            match s.open_stream(path, body).await {
+                Ok(conn) => {
+                    if s.token.is_some() {
+                        self.token = s.token;
+                    }
+                    self.next = ep;
+                    return Ok(conn);
+                }
+                Err(e) if e.is_transient() => last = Some(e),
+                Err(e) => {
+                    self.out = None;
+                    self.next = ep;
+                    // A token the server no longer knows: the next start
+                    // authenticates anew.
+                    self.token = None;
+                    return Err(e);
+                }
+            }
+        }
+        self.out = None;
+        self.next = (first + 1) % n;
+        Err(last.unwrap_or_else(|| EtcdError::Transport("no endpoint".into())))
+    }
+
+    /// The stream [`Client::stream`] opened is confirmed: its start is no
+    /// longer out.
+    pub fn settled(&mut self) {
+        self.out = None;
+    }
+}
+
+/// The step of [`Client::rpc`]: one request.
+fn one<'b>(path: &'b str, body: &'b Value) -> impl Fn(Session) -> Step<'b, Value> + 'b {
+    move |mut s| {
+        Box::pin(async move {
+            let r = s.call(path, body).await;
+            (s, r)
+        })
+    }
+}
+
+/// One member, for one attempt: its connection (made on first use), and
+/// the auth token as the client had it (or as this session renewed it).
+pub(super) struct Session {
+    endpoint: usize,
+    host: String,
+    port: u16,
+    tls: Option<tokio_rustls::TlsConnector>,
+    conn: Option<Conn>,
+    user: Option<(String, String)>,
+    token: Option<String>,
+}
+
+impl Session {
+    /// The member's Raft term in the last reply on this session's
+    /// connection; `None` before the first one (a new connection).
+    pub fn term(&self) -> Option<i64> {
+        self.conn.as_ref().and_then(|c| c.term)
+    }
+
+    /// One POST, authenticating first when the URL names a user and no
+    /// token is held, and once more with a fresh token when the server
+    /// forgot ours (a restart, its TTL).
+    pub async fn call(&mut self, path: &str, body: &Value) -> Res<Value> {
+        if self.user.is_some() && self.token.is_none() {
             self.authenticate().await?;
         }
         match self.post(path, body).await {
-            // A token the server forgot (restart, TTL): once more, fresh.
             Err(EtcdError::Status(16, m)) if self.user.is_some() && m.contains("token") => {
                 self.token = None;
                 self.authenticate().await?;
@@ -229,10 +423,13 @@ impl Client {
         }
     }
 
+    /// A fresh token. Safe to repeat: each authentication only hands out
+    /// another token.
     async fn authenticate(&mut self) -> Res<()> {
         let Some((name, password)) = self.user.clone() else {
             return Ok(());
         };
+        self.token = None;
         let r = self
             .post(
                 "/v3/auth/authenticate",
@@ -250,14 +447,70 @@ impl Client {
         }
     }
 
+    async fn connect(&mut self) -> Res<Conn> {
+        let (host, port) = (self.host.as_str(), self.port);
+        let tcp = TcpStream::connect((host, port))
+            .await
+            .map_err(|e| EtcdError::Transport(format!("cannot connect to {host}:{port}: {e}")))?;
+        let _ = tcp.set_nodelay(true);
+        let io: Box<dyn Io> = match &self.tls {
+            Some(connector) => {
+                let name = rustls::pki_types::ServerName::try_from(host.to_string())
+                    .map_err(|e| EtcdError::Refused(format!("bad host name {host}: {e}")))?;
+                match connector.connect(name, tcp).await {
+                    Ok(s) => Box::new(s),
+                    // A certificate problem will not heal; say so.
+                    Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                        return Err(EtcdError::Refused(format!(
+                            "TLS with {host}:{port} failed: {e}"
+                        )))
+                    }
+                    // May heal (a member closing while it restarts), but
+                    // also what a member that does not serve TLS does.
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        return Err(EtcdError::Transport(format!(
+                            "TLS with {host}:{port} failed: {e} (does it serve TLS?)"
+                        )))
+                    }
+                    Err(e) => {
+                        return Err(EtcdError::Transport(format!(
+                            "TLS with {host}:{port} failed: {e}"
+                        )))
+                    }
+                }
+            }
+            None => Box::new(tcp),
+        };
+        Ok(Conn {
+            io: BufReader::new(io),
+            endpoint: self.endpoint,
+            term: None,
+        })
+    }
+
+    /// The request line and headers of a POST of `len` bytes of JSON.
+    fn head(&self, path: &str, len: usize) -> String {
+        let mut head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\n\
+             Content-Length: {len}\r\n",
+            self.host, self.port
+        );
+        if let Some(t) = &self.token {
+            head.push_str(&format!("Authorization: {t}\r\n"));
+        }
+        head.push_str("\r\n");
+        head
+    }
+
     async fn post(&mut self, path: &str, body: &Value) -> Res<Value> {
+        // Taken out for the exchange and put back only once the reply was
+        // read whole: a connection left half-read is never reused.
         let mut conn = match self.conn.take() {
             Some(c) => c,
             None => self.connect().await?,
         };
-        let (host, port) = &self.endpoints[conn.endpoint];
         let payload = body.to_string();
-        let head = self.head(path, &conn, payload.len());
+        let head = self.head(path, payload.len());
         let exchange = async {
             let w = conn.io.get_mut();
             w.write_all(head.as_bytes()).await?;
@@ -265,21 +518,10 @@ impl Client {
             w.flush().await?;
             read_response(&mut conn.io).await
         };
-        let (status, body, keep) = match exchange.await {
-            Ok(r) => r,
-            Err(e) => {
-                // The request may have been applied: not repeated here, but
-                // the next call starts with the next endpoint.
-                self.next = (conn.endpoint + 1) % self.endpoints.len();
-                return Err(EtcdError::Transport(format!(
-                    "connection to {host}:{port} failed: {e}"
-                )));
-            }
-        };
-        let endpoint = conn.endpoint;
-        if keep {
-            self.conn = Some(conn);
-        }
+        let (host, port) = (&self.host, self.port);
+        let (status, body, keep) = exchange.await.map_err(|e| {
+            EtcdError::Transport(format!("connection to {host}:{port} failed: {e}"))
+        })?;
         let parsed: Option<Value> = serde_json::Deserializer::from_slice(&body)
             .into_iter::<Value>()
             .next()
@@ -300,18 +542,26 @@ impl Client {
             }
             _ => (Value::Null, None),
         };
+        if let Some(t) = v
+            .get("header")
+            .map(|h| int(h, "raft_term"))
+            .filter(|t| *t > 0)
+        {
+            conn.term = Some(t);
+        }
+        if keep && err.is_none() {
+            self.conn = Some(conn);
+        }
         if let Some(e) = err {
-            let code = int(&e, "code");
+            let code = match int(&e, "code") {
+                0 => int(&e, "grpc_code"),
+                c => c,
+            };
             let msg = e
                 .get("message")
                 .and_then(Value::as_str)
                 .unwrap_or("etcd error")
                 .to_string();
-            if matches!(code, 14 | 4) {
-                // No leader, or a member too busy: ask another next time.
-                self.conn = None;
-                self.next = (endpoint + 1) % self.endpoints.len();
-            }
             return Err(EtcdError::Status(code, msg));
         }
         if status != 200 || v.is_null() {
@@ -325,6 +575,41 @@ impl Client {
         }
         Ok(v)
     }
+
+    /// Send a request whose reply streams; its connection once the reply's
+    /// head says the stream is there (status 200, chunked).
+    async fn open_stream(&mut self, path: &str, body: &Value) -> Res<Conn> {
+        if self.user.is_some() && self.token.is_none() {
+            self.authenticate().await?;
+        }
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => self.connect().await?,
+        };
+        let payload = body.to_string();
+        let head = self.head(path, payload.len());
+        let (host, port) = (&self.host, self.port);
+        let broke = |e: std::io::Error| {
+            EtcdError::Transport(format!("connection to {host}:{port} failed: {e}"))
+        };
+        let w = conn.io.get_mut();
+        w.write_all(head.as_bytes()).await.map_err(broke)?;
+        w.write_all(payload.as_bytes()).await.map_err(broke)?;
+        w.flush().await.map_err(broke)?;
+        let (status, chunked) = read_head(&mut conn.io).await.map_err(broke)?;
+        if status != 200 {
+            // An expired token, most likely (the caller forgets it).
+            return Err(EtcdError::Refused(format!(
+                "{path} was refused by {host}:{port} (HTTP {status})"
+            )));
+        }
+        if !chunked {
+            return Err(EtcdError::Refused(format!(
+                "the reply to {path} from {host}:{port} is not a stream"
+            )));
+        }
+        Ok(conn)
+    }
 }
 
 /// An int64 field: the gateway writes them as strings and leaves out zeros.
@@ -336,10 +621,11 @@ pub(super) fn int(v: &Value, key: &str) -> i64 {
     }
 }
 
-/// Status, body and whether the connection may be reused. Handles
-/// `Content-Length` and chunked bodies (the gateway streams keepalive
-/// replies, with a trailer).
-async fn read_response(io: &mut BufReader<Box<dyn Io>>) -> std::io::Result<(u16, Vec<u8>, bool)> {
+/// The status line and headers: the status, whether the body is chunked,
+/// its `Content-Length`, and whether the connection may be reused.
+async fn read_headers(
+    io: &mut BufReader<Box<dyn Io>>,
+) -> std::io::Result<(u16, bool, Option<usize>, bool)> {
     let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
     let mut line = String::new();
     if io.read_line(&mut line).await? == 0 {
@@ -374,6 +660,22 @@ async fn read_response(io: &mut BufReader<Box<dyn Io>>) -> std::io::Result<(u16,
             }
         }
     }
+    Ok((status, chunked, length, keep))
+}
+
+/// The head of a streamed reply: its status and whether it is chunked.
+pub(super) async fn read_head(io: &mut BufReader<Box<dyn Io>>) -> std::io::Result<(u16, bool)> {
+    let (status, chunked, _, _) = read_headers(io).await?;
+    Ok((status, chunked))
+}
+
+/// Status, body and whether the connection may be reused. Handles
+/// `Content-Length` and chunked bodies (the gateway streams keepalive
+/// replies, with a trailer).
+async fn read_response(io: &mut BufReader<Box<dyn Io>>) -> std::io::Result<(u16, Vec<u8>, bool)> {
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+    let (status, chunked, length, mut keep) = read_headers(io).await?;
+    let mut line = String::new();
     let mut body = Vec::new();
     if chunked {
         loop {
@@ -412,4 +714,128 @@ async fn read_response(io: &mut BufReader<Box<dyn Io>>) -> std::io::Result<(u16,
         keep = false;
     }
     Ok((status, body, keep))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A member that accepts connections and never answers (frozen).
+    async fn silent() -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut kept = Vec::new();
+            while let Ok((c, _)) = l.accept().await {
+                kept.push(c);
+            }
+        });
+        port
+    }
+
+    /// A member that answers every POST with an empty JSON reply at once.
+    async fn answering() -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((c, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut io = BufReader::new(c);
+                    loop {
+                        let mut len = 0;
+                        let mut line = String::new();
+                        loop {
+                            line.clear();
+                            if io.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            if let Some(v) = line.strip_prefix("Content-Length: ") {
+                                len = v.trim().parse().unwrap();
+                            }
+                        }
+                        let mut body = vec![0; len];
+                        io.read_exact(&mut body).await.unwrap();
+                        let reply = r#"{"header":{"raft_term":"2"}}"#;
+                        let head =
+                            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", reply.len());
+                        let w = io.get_mut();
+                        w.write_all(head.as_bytes()).await.unwrap();
+                        w.write_all(reply.as_bytes()).await.unwrap();
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    fn client(ports: &[u16]) -> Client {
+        let eps = ports
+            .iter()
+            .map(|p| ("127.0.0.1".to_string(), *p))
+            .collect();
+        Client::new(eps, false, None, None)
+    }
+
+    /// A frozen member listed first costs one hedge, not the call: the
+    /// second member is asked a quarter of the way in and answers; the
+    /// next call starts there.
+    #[tokio::test]
+    async fn a_silent_member_is_hedged_within_the_call() {
+        let mut c = client(&[silent().await, answering().await]);
+        let t0 = Instant::now();
+        c.deadline(t0 + Duration::from_millis(400));
+        let body = json!({});
+        let call = c.rpc("/v3/kv/range", &body);
+        let r = tokio::time::timeout(Duration::from_secs(1), call).await;
+        r.expect("in time").expect("answered");
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(100), "{took:?}");
+        assert!(took < Duration::from_millis(400), "{took:?}");
+        let t0 = Instant::now();
+        c.deadline(t0 + Duration::from_millis(400));
+        c.rpc("/v3/kv/range", &json!({})).await.expect("answered");
+        assert!(
+            t0.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
+
+    /// A call dropped while it waits on a frozen member (the elector's
+    /// deadline) moves the next call to the next member, which then
+    /// answers before any hedge.
+    #[tokio::test]
+    async fn an_abandoned_call_moves_the_next_one_on() {
+        let mut c = client(&[silent().await, answering().await]);
+        c.deadline(Instant::now() + Duration::from_secs(10));
+        let dropped =
+            tokio::time::timeout(Duration::from_millis(50), c.rpc("/v3/kv/range", &json!({})))
+                .await;
+        assert!(dropped.is_err(), "the silent member answered");
+        let t0 = Instant::now();
+        c.deadline(t0 + Duration::from_secs(10));
+        c.rpc("/v3/kv/range", &json!({})).await.expect("answered");
+        // A hedge would come only after 500 ms.
+        assert!(
+            t0.elapsed() < Duration::from_millis(250),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
+
+    #[test]
+    fn hedging_leaves_room_for_the_next_members() {
+        let ms = Duration::from_millis;
+        // A renewal at --lease 3s gets 500 ms: the second member is asked
+        // after 125 ms, well inside the call.
+        assert_eq!(hedge(ms(500)), ms(125));
+        assert_eq!(hedge(ms(50)), ms(12) + Duration::from_micros(500));
+        assert_eq!(hedge(ms(10)), ms(10));
+        assert_eq!(hedge(Duration::from_secs(10)), ms(500));
+        assert_eq!(hedge(Duration::ZERO), ms(10));
+    }
 }

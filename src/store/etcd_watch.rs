@@ -19,7 +19,7 @@
 //! before an attempt only causes one extra attempt.
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use tokio::sync::mpsc;
 
 use super::client::{Client, Conn, MAX_BODY};
@@ -58,36 +58,24 @@ impl EtcdWakeups {
         // A start abandoned by the elector's timer may have left its task
         // behind, waiting on a watch nobody reads.
         self.stop();
-        self.client
-            .ensure_token()
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut conn = self.client.connect().await.map_err(|e| e.to_string())?;
         // NOPUT: only deletions are of interest; acquisitions and
         // renewals of the key stay off the wire.
-        let body = json!({"create_request": {"key": b64(&lease_key(name)), "filters": ["NOPUT"]}})
-            .to_string();
-        let head = self.client.head("/v3/watch", &conn, body.len());
-        let w = conn.io.get_mut();
-        w.write_all(head.as_bytes())
+        let body = json!({"create_request": {"key": b64(&lease_key(name)), "filters": ["NOPUT"]}});
+        let conn = self
+            .client
+            .stream("/v3/watch", &body)
             .await
             .map_err(|e| e.to_string())?;
-        w.write_all(body.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
-        w.flush().await.map_err(|e| e.to_string())?;
-        let status = read_head(&mut conn).await.map_err(|e| e.to_string())?;
-        if status != 200 {
-            // An expired token, most likely: the next arm authenticates anew.
-            self.client.forget_token();
-            return Err(format!("the watch was refused (HTTP {status})"));
-        }
         let (tx, mut rx) = mpsc::unbounded_channel();
         self.task = Some(tokio::spawn(async move {
             let _ = pump(conn, tx).await;
         }));
         match rx.recv().await {
             Some(Msg::Created) => {
+                // Only now is the start no longer out: one that hangs on a
+                // frozen member until the elector drops it moves the next
+                // start to the next member.
+                self.client.settled();
                 self.rx = Some(rx);
                 Ok(())
             }
@@ -147,38 +135,6 @@ impl Wakeups for EtcdWakeups {
             }
         })
     }
-}
-
-/// The reply's status line and headers; the stream must be chunked.
-async fn read_head(conn: &mut Conn) -> std::io::Result<u16> {
-    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-    let mut line = String::new();
-    conn.io.read_line(&mut line).await?;
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("not an HTTP reply"))?;
-    let mut chunked = false;
-    loop {
-        line.clear();
-        if conn.io.read_line(&mut line).await? == 0 {
-            return Err(bad("reply ended in its headers"));
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            if k.trim().eq_ignore_ascii_case("transfer-encoding") {
-                chunked = v.to_ascii_lowercase().contains("chunked");
-            }
-        }
-    }
-    if status == 200 && !chunked {
-        return Err(bad("the watch reply is not a stream"));
-    }
-    Ok(status)
 }
 
 /// Read chunks, split them into JSON messages, pass on what matters. Returns

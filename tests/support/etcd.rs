@@ -224,3 +224,295 @@ fn ctl(
         Err(String::from_utf8_lossy(&out.stderr).to_string())
     }
 }
+
+/// Election timing of the throwaway clusters: etcd's defaults divided by
+/// two (50 ms heartbeat, 500 ms election timeout), so that elections in the
+/// failover tests take under a second. Their shortest lease is then 1 s
+/// (1.5 × 500 ms, rounded up), below leaderrun's 2 s; and `--lease 3s`
+/// (R = 1 s, G = 2 s) leaves G − R = 1 s between a renewal and the give-up,
+/// the 1.5 × election timeout docs/stores.md asks for (750 ms), with room.
+pub const ELECTION_MS: u64 = 500;
+
+/// The election timeout the clusters run with: [`ELECTION_MS`], unless
+/// `LEADERRUN_ETCD_ELECTION_MS` asks for another (at least 100), to measure
+/// at etcd's default of 1000 ms, say. The heartbeat is a tenth of it, as in
+/// etcd's defaults. The failover tests' bounds follow it; their "the holder
+/// keeps its lease" holds only with room for an election (docs/stores.md).
+pub fn election_ms() -> u64 {
+    std::env::var("LEADERRUN_ETCD_ELECTION_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&ms| ms >= 100)
+        .unwrap_or(ELECTION_MS)
+}
+
+/// One member of a [`Cluster`].
+pub struct Member {
+    pub name: String,
+    pub port: u16,
+    pub peer: u16,
+    data: std::path::PathBuf,
+    server: Option<Child>,
+    frozen: bool,
+}
+
+impl Member {
+    /// Up: started, not frozen, not killed or removed.
+    pub fn up(&self) -> bool {
+        self.server.is_some() && !self.frozen
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.server.as_ref().map(Child::id)
+    }
+}
+
+/// A throwaway cluster of three members on 127.0.0.1, each with its own
+/// client and peer port (free ports) and data dir, all stopped on Drop.
+pub struct Cluster {
+    pub dir: TempDir,
+    pub members: Vec<Member>,
+    initial: String,
+    token: String,
+}
+
+impl Cluster {
+    pub fn start() -> Cluster {
+        need("etcd", "etcd-server");
+        need("etcdctl", "etcd-client");
+        for attempt in 0..5 {
+            let dir = TempDir::new("etcd-cluster");
+            let members: Vec<Member> = (0..3)
+                .map(|i| Member {
+                    name: format!("m{i}"),
+                    port: free_port(),
+                    peer: free_port(),
+                    data: dir.file(&format!("m{i}-{attempt}")),
+                    server: None,
+                    frozen: false,
+                })
+                .collect();
+            let initial = members
+                .iter()
+                .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+                .collect::<Vec<_>>()
+                .join(",");
+            let mut c = Cluster {
+                token: format!("leaderrun-test-{}-{attempt}", std::process::id()),
+                dir,
+                members,
+                initial,
+            };
+            // All three at once: a member alone has no quorum and never
+            // becomes healthy.
+            let all = (0..3).all(|i| c.spawn(i));
+            if all && c.wait_healthy(Duration::from_secs(30)) {
+                return c;
+            }
+            // A port taken after all, most likely: dropped (stopped), and
+            // again on other ports.
+        }
+        panic!("could not start a throwaway etcd cluster");
+    }
+
+    /// Start member `i` on its ports and data dir (a restart after
+    /// [`Cluster::kill`] too: etcd then ignores the initial-cluster flags
+    /// and rejoins from its data). False when it exited at once.
+    fn spawn(&mut self, i: usize) -> bool {
+        let m = &self.members[i];
+        let client_url = format!("http://127.0.0.1:{}", m.port);
+        let peer_url = format!("http://127.0.0.1:{}", m.peer);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.file(&format!("{}.log", m.name)))
+            .expect("log");
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(&m.data)
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &self.initial])
+            .args(["--initial-cluster-token", &self.token])
+            .args(["--heartbeat-interval", &(election_ms() / 10).to_string()])
+            .args(["--election-timeout", &election_ms().to_string()])
+            .args(["--logger", "zap", "--log-level", "warn"])
+            .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        // Readiness is the whole cluster's (wait_healthy), not one member's.
+        let server = start_server(
+            &mut cmd,
+            "etcd",
+            nix::sys::signal::Signal::SIGKILL,
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            || true,
+        );
+        let m = &mut self.members[i];
+        m.server = server;
+        m.frozen = false;
+        m.server.is_some()
+    }
+
+    /// Every member that is up answers its health check (which needs a
+    /// quorum behind it).
+    pub fn wait_healthy(&self, limit: Duration) -> bool {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < limit {
+            let ok = self
+                .members
+                .iter()
+                .filter(|m| m.up())
+                .all(|m| ctl(m.port, None, None, &["endpoint", "health"]).is_ok());
+            if ok {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// `etcd://` with the members in this order.
+    pub fn url(&self, order: &[usize]) -> String {
+        let hosts: Vec<String> = order
+            .iter()
+            .map(|&i| format!("127.0.0.1:{}", self.members[i].port))
+            .collect();
+        format!("etcd://{}", hosts.join(","))
+    }
+
+    /// The members in the order a URL listing `first` first uses.
+    pub fn order(&self, first: usize) -> Vec<usize> {
+        std::iter::once(first)
+            .chain((0..self.members.len()).filter(|&i| i != first))
+            .collect()
+    }
+
+    /// The member that leads now, as the members that are up say (each
+    /// asked for its own status); waits for an election to finish.
+    pub fn leader(&self) -> usize {
+        let t0 = std::time::Instant::now();
+        loop {
+            for (i, m) in self.members.iter().enumerate() {
+                if !m.up() {
+                    continue;
+                }
+                let Ok(out) = ctl(m.port, None, None, &["endpoint", "status"]) else {
+                    continue;
+                };
+                // endpoint, ID, version, db size, is leader, …
+                if out.split(", ").nth(4) == Some("true") {
+                    return i;
+                }
+            }
+            if t0.elapsed() > Duration::from_secs(20) {
+                panic!("no etcd member leads");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A member that is up and does not lead.
+    pub fn follower(&self) -> usize {
+        let l = self.leader();
+        (0..self.members.len())
+            .find(|&i| i != l && self.members[i].up())
+            .expect("a follower")
+    }
+
+    /// SIGSTOP (a hung VM, a stuck disk) or SIGCONT member `i`.
+    pub fn freeze(&mut self, i: usize, frozen: bool) {
+        super::freeze_server(self.members[i].server.as_ref(), frozen, false);
+        self.members[i].frozen = frozen;
+    }
+
+    /// kill -9 of member `i`.
+    pub fn kill(&mut self, i: usize) {
+        super::kill_server(&mut self.members[i].server, false);
+        self.members[i].frozen = false;
+    }
+
+    /// Start member `i` again after [`Cluster::kill`], with its data.
+    pub fn restart(&mut self, i: usize) {
+        for _ in 0..5 {
+            if self.spawn(i) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("could not restart etcd member {i}");
+    }
+
+    /// `etcdctl` against the members that are up; its output.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        self.try_ctl(args)
+            .unwrap_or_else(|e| panic!("etcdctl {args:?}: {e}"))
+    }
+
+    pub fn try_ctl(&self, args: &[&str]) -> Result<String, String> {
+        let eps: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.up())
+            .map(|m| format!("http://127.0.0.1:{}", m.port))
+            .collect();
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", eps.join(",")))
+            .args(["--dial-timeout=2s", "--command-timeout=5s"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("etcdctl");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).to_string())
+        }
+    }
+
+    /// `etcdctl member remove` of member `i`; etcd then stops it, and it
+    /// is reaped here.
+    pub fn remove(&mut self, i: usize) {
+        let name = self.members[i].name.clone();
+        // id, status, name, peer URLs, client URLs, is learner
+        let list = self.ctl(&["member", "list"]);
+        let id = list
+            .lines()
+            .find(|l| l.split(", ").nth(2) == Some(name.as_str()))
+            .and_then(|l| l.split(", ").next())
+            .unwrap_or_else(|| panic!("{name} not in {list}"))
+            .to_string();
+        // etcd refuses to remove a member until the others have been
+        // connected for a while (its strict reconfiguration check, 5 s
+        // after they met), so a young cluster is asked again.
+        let t0 = std::time::Instant::now();
+        while let Err(e) = self.try_ctl(&["member", "remove", &id]) {
+            if !e.contains("unhealthy cluster") || t0.elapsed() > Duration::from_secs(15) {
+                panic!("etcdctl member remove {id}: {e}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let t0 = std::time::Instant::now();
+        let m = &mut self.members[i];
+        if let Some(c) = m.server.as_mut() {
+            while c.try_wait().ok().flatten().is_none() && t0.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        super::kill_server(&mut m.server, false);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for m in self.members.iter_mut() {
+            super::kill_server(&mut m.server, false);
+        }
+    }
+}
