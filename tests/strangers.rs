@@ -124,6 +124,7 @@ fn impostor_group(kill_leaderrun: bool) {
     let Some(mut imp) = impostor_for(cmd) else {
         eprintln!("skipped: could not get pid {cmd} for the impostor (the machine forks too much)");
         let _ = a.kill();
+        let _ = a.wait();
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(esc), Signal::SIGKILL).ok();
         return;
     };
