@@ -251,16 +251,28 @@ pub fn spawn(
         .first()
         .map(|a| a.to_string_lossy().into_owned())
         .unwrap_or_default();
+    // The cgroup was made for this command: on every way out without one
+    // it goes (an empty cgroup left behind is never removed by anyone).
+    let unmade = |e: SpawnError| {
+        if let Some(cg) = &place.cgroup {
+            cg.remove();
+        }
+        e
+    };
     if argv.is_empty() {
-        return Err(SpawnError::NotFound("(empty command)".into()));
+        return Err(unmade(SpawnError::NotFound("(empty command)".into())));
     }
     // Listen before the child exists, so that no SIGCHLD is missed.
-    let sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
-        .map_err(|e| SpawnError::NotExecutable(format!("cannot watch for the child: {e}")))?;
+    let sigchld =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).map_err(|e| {
+            unmade(SpawnError::NotExecutable(format!(
+                "cannot watch for the child: {e}"
+            )))
+        })?;
     // The file check_command found, under the name the user gave; execvpe
     // still runs a script without `#!` with /bin/sh, as before.
     let prog = Program::new(file, argv, fork::command_env(env))
-        .map_err(|e| SpawnError::NotExecutable(format!("{shown}: {e}")))?;
+        .map_err(|e| unmade(SpawnError::NotExecutable(format!("{shown}: {e}"))))?;
     // The terminal is handed over only when leaderrun's job holds it.
     let tty_fd = place
         .terminal

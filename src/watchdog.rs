@@ -654,20 +654,31 @@ impl State {
             // is left to find them by.
             tree.root = None;
             tree.kill();
+            // Waited for past the lease's expiry if need be (a watchdog that
+            // was itself delayed acts late): the lease is then not handed
+            // back, but the cgroup, once empty, is still removed.
+            let give_up = expires.max(boottime_now() + Duration::from_secs(1));
+            let mut gone = true;
             while tree.alive() {
-                if boottime_now() >= expires {
-                    tracing::warn!(
-                        event = "watchdog_release",
-                        epoch = self.o.epoch,
-                        "leaderrun died and the command's processes would not die; the lease is left to expire"
-                    );
-                    return;
+                if boottime_now() >= give_up {
+                    gone = false;
+                    break;
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
             if let Some(cg) = &tree.cgroup {
                 cg.remove();
-            } else if tree.leader.is_none() || self.missed > 1 {
+            }
+            if !gone || boottime_now() >= expires {
+                tracing::warn!(
+                    event = "watchdog_release",
+                    epoch = self.o.epoch,
+                    "leaderrun died and the command's processes would not die in time; \
+                     the lease is left to expire"
+                );
+                return;
+            }
+            if tree.cgroup.is_none() && (tree.leader.is_none() || self.missed > 1) {
                 // Without a cgroup, only what the watchdog saw was stopped:
                 // with its view of the command lost, or more than the last
                 // renewal's look missed, a descendant may run on unseen.

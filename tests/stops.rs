@@ -277,7 +277,10 @@ fn a_killed_watchdog_is_replaced_and_the_replacement_guards_the_command() {
     assert_eq!(overlaps, 0, "the rival ran while the old command was alive");
     signal(a.id(), Signal::SIGCONT);
     assert_eq!(wait_exit(&mut a, 5 * SEC).code(), Some(75));
-    assert!(!alive(second), "the new watchdog outlived leaderrun's `done`");
+    assert!(
+        !alive(second),
+        "the new watchdog outlived leaderrun's `done`"
+    );
     signal(b.id(), Signal::SIGTERM);
     wait_exit(&mut b, 5 * SEC);
 }
