@@ -1,6 +1,7 @@
 //! Creating processes: the command (forked straight into its cgroup where
 //! the kernel can, prepared, exec'd, and known to have exec'd) and the
-//! watchdog (started detached, so that it is no descendant of leaderrun).
+//! watchdog (started through an intermediate that exits at once, so that
+//! its exec overlaps leaderrun's work; leaderrun adopts and reaps it).
 //!
 //! std's `Command` cannot start a child inside a cgroup. The child would
 //! have to move itself by writing to `cgroup.procs` between fork and exec,

@@ -16,14 +16,20 @@
 //!   `/proc`. While leaderrun lives (on loss, after the command exits) every
 //!   descendant is signalled, whatever its group.
 //! * **the process group** (always): the command leads a group of its own,
-//!   signalled as a whole with `killpg`.
+//!   signalled as a whole through its leader's pidfd.
+//!
+//! Every process is signalled through a pidfd, never by a number that may
+//! have been handed to a stranger since (see "Processes held by pidfd"
+//! below). A stop sends each process one SIGTERM, however many of the three
+//! mechanisms find it, and only the side (leaderrun or its watchdog) that
+//! holds the SIGTERM token sends any ([`TermToken`]).
 //!
 //! Without a writable cgroup one gap remains, and only when leaderrun itself
 //! dies: its re-parented descendants pass to init at that moment. The
-//! watchdog then kills the group and the descendants it saw in its last look
-//! at `/proc` (taken whenever leaderrun renews), checked by start time so a
-//! recycled pid is never hit. A descendant that left the group after that
-//! look escapes.
+//! watchdog then kills the group and the descendants it saw in its last good
+//! look at `/proc` (taken whenever leaderrun renews, and only while
+//! leaderrun's pidfd says it runs), held by pidfd since. A descendant that
+//! left the group after that look escapes.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};

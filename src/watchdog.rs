@@ -19,10 +19,13 @@
 //! It is `/proc/self/exe` started again (a fork alone could not safely run
 //! a store client), with its orders on a pipe as its stdin: the store URL,
 //! which may hold a password, is never in its argv or environment (its argv
-//! holds leaderrun's pid). It is started detached (fork.rs), adopted by
-//! init rather than leaderrun, so that leaderrun, once its command exits,
-//! can tell it has no descendant left without reading `/proc`. It runs
-//! in a process group of its own with terminal and job-control signals
+//! holds leaderrun's pid; its fd 3 is leaderrun's pidfd, its fd 4 the
+//! SIGTERM token, tree.rs). It is started through an intermediate
+//! (fork.rs) and adopted by leaderrun, a subreaper, which reaps it when it
+//! is done: a PID 1 that reaps nothing is never left its zombie. It
+//! says `ready` on its stdout once it holds its orders, and keeps that pipe
+//! open until it dies, so that leaderrun learns of its death at once and
+//! starts another. It runs in a process group of its own with terminal and job-control signals
 //! ignored, so a Ctrl-C, a hangup or a SIGKILL to leaderrun's group does not
 //! reach it. It holds no store connection until it must release, and sleeps
 //! in `poll` between messages.
@@ -303,6 +306,10 @@ impl Watchdog {
         for line in &self.said {
             w.send(line);
         }
+        // The first watchdog's first look comes with the first renewal,
+        // while the command has only just started; a replacement's would
+        // come an `R` into a command that may long have started others.
+        w.send("look\n");
         w.said = self.said.clone();
         Ok(w)
     }
@@ -607,6 +614,7 @@ impl State {
                 let cg = f.next().filter(|c| *c != "-").map(PathBuf::from);
                 self.spawning = Some(cg.map(Cgroup::from_path));
             }
+            Some("look") => self.look(),
             Some("stopping") => self.stopping = true,
             Some("done") => return true,
             _ => {}
