@@ -27,8 +27,8 @@
 //! open until it dies, so that leaderrun learns of its death at once and
 //! starts another. It runs in a process group of its own with terminal and
 //! job-control signals ignored, so a Ctrl-C, a hangup or a SIGKILL to
-//! leaderrun's group does not reach it. It holds no store connection until it must release, and sleeps
-//! in `poll` between messages.
+//! leaderrun's group does not reach it. It holds no store connection until
+//! it must release, and sleeps in `poll` between messages.
 //!
 //! leaderrun's side of the pipe is non-blocking: a frozen watchdog can never
 //! stall leaderrun. A deadline it misses that way is an *earlier* one, so a
