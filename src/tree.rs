@@ -802,6 +802,34 @@ mod tests {
         assert_eq!(parse_stat(7, "garbage"), None);
     }
 
+    /// Of two holders of one token, exactly one gets the right, and keeps it.
+    #[test]
+    fn the_sigterm_token_goes_to_one_side_only() {
+        let (mut a, theirs) = TermToken::new().unwrap();
+        let mut b = TermToken::from_fd(theirs);
+        assert!(b.take());
+        assert!(!a.take());
+        assert!(b.take(), "the holder keeps the right");
+        assert!(!a.take());
+        assert!(TermToken::own().take());
+    }
+
+    /// A reaped child's pidfd reaches nobody, whoever has its pid now.
+    #[test]
+    fn a_held_process_is_never_signalled_once_it_is_gone() {
+        let mut c = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let h = Held::child(c.id() as i32);
+        assert!(!h.exited());
+        assert!(h.signal(Signal::SIGKILL));
+        let _ = c.wait();
+        assert!(h.exited());
+        assert!(!h.signal(Signal::SIGKILL), "signalled through a reaped pidfd");
+        assert_eq!(h.signal_group(Some(Signal::SIGKILL), false), Ok(false));
+    }
+
     #[test]
     fn descendants_follow_parents_and_skip_a_branch() {
         // this test process's own children: none it did not start
