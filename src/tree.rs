@@ -160,6 +160,46 @@ fn cgroup2_mount() -> Option<PathBuf> {
     })
 }
 
+/// Remove what a leaderrun killed together with its watchdog left behind
+/// (nothing else can): an empty `leaderrun-PID` beside the one about to be
+/// made, whose PID names no process here and that was made over a minute
+/// ago. The age is what makes this safe for a live leaderrun whose pid
+/// means something else here (another pid namespace under the same
+/// cgroup): its cgroup is empty and in use only between its creation and
+/// its command's start, moments; later it holds the command (removal
+/// fails, EBUSY) or is about to be removed by its owner anyway.
+fn remove_stale(parent: &Path, mine: &str) {
+    const AGE: std::time::Duration = std::time::Duration::from_secs(60);
+    let Ok(dir) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| *n != mine)
+            .and_then(|n| n.strip_prefix("leaderrun-"))
+            .and_then(|p| p.parse::<i32>().ok())
+            .filter(|p| *p > 0)
+        else {
+            continue;
+        };
+        if kill(Pid::from_raw(pid), None) != Err(Errno::ESRCH) {
+            continue;
+        }
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > AGE);
+        if old {
+            // Only an empty cgroup can be removed: a populated one stays.
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
+}
+
 impl Cgroup {
     /// Create a cgroup for the command below leaderrun's own. `None` where
     /// there is no cgroup v2 or it is not writable (an unprivileged user
@@ -168,7 +208,9 @@ impl Cgroup {
         let mount = cgroup2_mount()?;
         let own = read_small("/proc/self/cgroup")?;
         let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
-        let dir = mount.join(rel.trim_start_matches('/')).join(tag);
+        let parent = mount.join(rel.trim_start_matches('/'));
+        remove_stale(&parent, tag);
+        let dir = parent.join(tag);
         match std::fs::create_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -826,7 +868,10 @@ mod tests {
         assert!(h.signal(Signal::SIGKILL));
         let _ = c.wait();
         assert!(h.exited());
-        assert!(!h.signal(Signal::SIGKILL), "signalled through a reaped pidfd");
+        assert!(
+            !h.signal(Signal::SIGKILL),
+            "signalled through a reaped pidfd"
+        );
         assert_eq!(h.signal_group(Some(Signal::SIGKILL), false), Ok(false));
     }
 
