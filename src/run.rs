@@ -359,6 +359,8 @@ struct Run {
     elector: Elector<AnyStore, BootClock>,
     report: Rc<RefCell<Reporter>>,
     watchdog: Rc<RefCell<Option<Watchdog>>>,
+    /// A watchdog told `done`, reaped as the run ends.
+    leaving: RefCell<Option<Watchdog>>,
 }
 
 impl Run {
@@ -401,6 +403,7 @@ impl Run {
             elector,
             report,
             watchdog,
+            leaving: RefCell::default(),
         }
     }
 
@@ -506,9 +509,12 @@ impl Run {
     }
 
     /// The watchdog's work is over: everything the command started is gone.
+    /// It is told so now, and reaped when the run ends (Drop of `Watchdog`),
+    /// so that its exit overlaps the release's round trip.
     fn finish_watchdog(&self) {
-        if let Some(w) = self.watchdog.borrow_mut().take() {
+        if let Some(mut w) = self.watchdog.borrow_mut().take() {
             w.done();
+            *self.leaving.borrow_mut() = Some(w);
         }
     }
 

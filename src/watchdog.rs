@@ -411,10 +411,11 @@ impl Watchdog {
     }
 
     /// Everything the command started is gone: the watchdog leaves without
-    /// touching anything. leaderrun, its reaper, then waits for it to exit
-    /// and reaps it (see Drop).
-    pub fn done(mut self) {
+    /// touching anything. leaderrun, its reaper, waits for it to exit and
+    /// reaps it when this handle is dropped.
+    pub fn done(&mut self) {
         self.send("done\n");
+        self.pipe = None;
     }
 }
 
