@@ -319,6 +319,7 @@ pub fn spawn(
     }
     // Held while it is our unreaped child: its pid is still its own.
     let mut tree = Tree::new(Some(Held::child(pid.as_raw())), cgroup, Some(Root::Me));
+    tree.unreaped = true;
     tree.skip = place.skip.map(Pid::as_raw);
     tree.token = place.token;
     Ok(Child {
@@ -389,13 +390,13 @@ impl Child {
                 }
                 Ok(WaitStatus::Exited(pid, code)) if pid == self.pid => {
                     self.exited = Some(ExitStatus::from_raw((code & 0xff) << 8));
-                    self.tree.reaped = true;
+                    self.tree.unreaped = false;
                 }
                 Ok(WaitStatus::Signaled(pid, sig, core)) if pid == self.pid => {
                     self.exited = Some(ExitStatus::from_raw(
                         sig as i32 | if core { 0x80 } else { 0 },
                     ));
-                    self.tree.reaped = true;
+                    self.tree.unreaped = false;
                 }
                 Ok(WaitStatus::Stopped(pid, sig)) if pid == self.pid => {
                     self.stopped = true;

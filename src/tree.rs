@@ -586,9 +586,10 @@ pub struct Tree {
     /// The command; None when leaderrun died before the watchdog could be
     /// told (or shown) which process it is.
     pub leader: Option<Held>,
-    /// leaderrun only: the command has been reaped (its group's number is
-    /// no longer pinned by it).
-    pub reaped: bool,
+    /// The caller is the command's parent and has not reaped it, so its
+    /// group's number is pinned: leaderrun's own view, until it reaps it.
+    /// Never set in the watchdog, which cannot know.
+    pub unreaped: bool,
     pub cgroup: Option<Cgroup>,
     pub root: Option<Root>,
     pub skip: Option<i32>,
@@ -603,7 +604,7 @@ impl Tree {
     pub fn new(leader: Option<Held>, cgroup: Option<Cgroup>, root: Option<Root>) -> Tree {
         Tree {
             leader,
-            reaped: false,
+            unreaped: false,
             cgroup,
             root,
             skip: None,
@@ -703,7 +704,7 @@ impl Tree {
     /// command is unreaped, or its group is named by identity.
     pub fn signal_group(&self, sig: Signal) {
         if let Some(l) = &self.leader {
-            if let Err(e) = l.signal_group(Some(sig), !self.reaped) {
+            if let Err(e) = l.signal_group(Some(sig), self.unreaped) {
                 tracing::warn!(
                     event = "signal_failed",
                     "cannot send {sig} to process group {}: {e}",
@@ -720,7 +721,7 @@ impl Tree {
             cg.kill();
         }
         if let Some(l) = &self.leader {
-            if let Err(e) = l.signal_group(Some(Signal::SIGKILL), !self.reaped) {
+            if let Err(e) = l.signal_group(Some(Signal::SIGKILL), self.unreaped) {
                 tracing::warn!(
                     event = "signal_failed",
                     "cannot send SIGKILL to process group {}: {e}",
