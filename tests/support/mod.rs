@@ -295,8 +295,9 @@ pub fn child_groups(ppid: u32) -> Vec<i32> {
 
 /// The watchdog process of the leaderrun with pid `lr`, found by its argv.
 pub fn watchdog_of(lr: u32) -> Option<i32> {
-    // Started detached, the watchdog is not leaderrun's child: it is found
-    // by the pid leaderrun passes it (`--be-watchdog PID`).
+    // Found by the pid leaderrun passes it (`--be-watchdog PID`), whoever
+    // its parent is (leaderrun adopts it as subreaper; init, once
+    // leaderrun is gone).
     let want = lr.to_string();
     let dir = std::fs::read_dir("/proc").ok()?;
     dir.flatten()
