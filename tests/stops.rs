@@ -184,13 +184,20 @@ fn watchdog_stop(user: bool) {
     }
     let dir = TempDir::new(if user { "t-wd-u" } else { "t-wd" });
     let mut a = spawn(
-        with_script(base(&dir, user, "w"), &L3, &counting(&dir, "", forever())),
+        with_script(
+            base(&dir, user, "w"),
+            &[&L3[..], &["-vv"]].concat(),
+            &counting(&dir, "", forever()),
+        ),
         &dir.file("a.log"),
     );
     let pids = started(&dir);
     // A renewal, so that even without a cgroup the watchdog has seen the
-    // escaped descendant.
-    std::thread::sleep(1200 * MS);
+    // escaped descendant (its look is taken as it reads the renewal).
+    wait_for("a renewal", 10 * SEC, || {
+        read(&dir.file("a.log")).contains("renewed")
+    });
+    std::thread::sleep(100 * MS);
     signal(a.id(), Signal::SIGSTOP);
     wait_for("the watchdog's SIGTERM", 5 * SEC, || terms(&dir, "cmd") > 0);
     // Thawed inside K: leaderrun finds its deadline passed and stops the
@@ -232,7 +239,12 @@ fn a_killed_watchdog_is_replaced_and_the_replacement_guards_the_command() {
     let dir = TempDir::new("wd-lost");
     let store = embedded(&dir);
     let mut a = spawn(
-        lr(&store, "wl", &L3, &worker(&dir, "a")),
+        lr(
+            &store,
+            "wl",
+            &[&L3[..], &["-vv"]].concat(),
+            &worker(&dir, "a"),
+        ),
         &dir.file("a.log"),
     );
     wait_file(&dir.file("a.pid"), 10 * SEC);
@@ -259,7 +271,11 @@ fn a_killed_watchdog_is_replaced_and_the_replacement_guards_the_command() {
         &dir.file("b.log"),
     );
     // A renewal reaches the new watchdog; then leaderrun freezes alone.
-    std::thread::sleep(1200 * MS);
+    let n = read(&dir.file("a.log")).matches("renewed").count();
+    wait_for("a renewal", 10 * SEC, || {
+        read(&dir.file("a.log")).matches("renewed").count() > n
+    });
+    std::thread::sleep(100 * MS);
     let t0 = Instant::now();
     signal(a.id(), Signal::SIGSTOP);
     let died = wait_for("the command to die", 5 * SEC, || !alive(child));

@@ -64,6 +64,18 @@ fn with_pid(want: i32, mut start: impl FnMut() -> Child) -> Option<Child> {
     None
 }
 
+/// Renewals leaderrun has logged (at -vv) so far.
+fn renewals(log: &std::path::Path) -> usize {
+    read(log).lines().filter(|l| l.contains("renewed")).count()
+}
+
+/// Wait until leaderrun has logged `n` renewals, then a moment for the
+/// watchdog to read the last one (and take its look).
+fn wait_renewals(log: &std::path::Path, n: usize) {
+    wait_for(&format!("{n} renewals"), 10 * SEC, || renewals(log) >= n);
+    std::thread::sleep(100 * MS);
+}
+
 fn nobody() -> (u32, u32) {
     let u = nix::unistd::User::from_name("nobody")
         .ok()
@@ -183,19 +195,18 @@ fn the_watchdog_never_kills_the_children_of_a_process_that_took_leaderruns_pid()
     let dir = TempDir::new("lr-pid");
     let store = embedded(&dir);
     let mut c = leaderrun_unprivileged(&dir);
-    c.args(["--store", &store, "--name", "p"]).args(L3).args([
-        "--",
-        "sh",
-        "-c",
-        &worker(&dir, "a"),
-    ]);
-    let mut a = spawn(c, &dir.file("a.log"));
+    c.args(["--store", &store, "--name", "p", "-vv"])
+        .args(L3)
+        .args(["--", "sh", "-c", &worker(&dir, "a")]);
+    let log = dir.file("a.log");
+    let mut a = spawn(c, &log);
     wait_file(&dir.file("a.pid"), 10 * SEC);
     let w = wait_until_some("the watchdog", 5 * SEC, || watchdog_of(a.id()));
     // A renewal reaches the watchdog; then one waits in its pipe, unread.
-    std::thread::sleep(1200 * MS);
+    wait_renewals(&log, 1);
     signal(w as u32, Signal::SIGSTOP);
-    std::thread::sleep(1200 * MS);
+    let n = renewals(&log);
+    wait_renewals(&log, n + 1);
     let lr_pid = a.id() as i32;
     signal(a.id(), Signal::SIGKILL);
     let _ = a.wait();
@@ -261,16 +272,19 @@ fn a_watchdog_that_missed_its_looks_does_not_hand_the_lease_back() {
         c
     };
     let mut c = base(&dir);
-    c.args(["--", "sh", "-c", &script]);
-    let mut a = spawn(c, &dir.file("a.log"));
+    c.args(["-vv", "--", "sh", "-c", &script]);
+    let log = dir.file("a.log");
+    let mut a = spawn(c, &log);
     wait_file(&dir.file("cmd.pid"), 10 * SEC);
     let w = wait_until_some("the watchdog", 5 * SEC, || watchdog_of(a.id()));
-    std::thread::sleep(1200 * MS); // one good look, of the command alone
+    wait_renewals(&log, 1); // one good look, of the command alone
     signal(w as u32, Signal::SIGSTOP);
     std::fs::write(dir.file("go"), "").expect("go");
     wait_file(&dir.file("esc.pid"), 5 * SEC);
     let esc = pid_in(&dir.file("esc.pid"));
-    std::thread::sleep(2200 * MS); // two renewals the watchdog does not read
+    // Two renewals the watchdog does not read, the escaped one running.
+    let n = renewals(&log);
+    wait_renewals(&log, n + 2);
     signal(a.id(), Signal::SIGKILL);
     let _ = a.wait();
     signal(w as u32, Signal::SIGCONT);
