@@ -745,7 +745,7 @@ impl Tree {
         if self.held.iter().any(|h| !h.exited()) {
             return true;
         }
-        if matches!(self.root, Some(Root::Me)) {
+        if matches!(self.root, Some(Root::Me)) && is_subreaper() {
             // leaderrun's own tree holds every member of the command's group
             // (they are its descendants, as subreaper), so the group need
             // not be looked up by number. With no child but the watchdog,
@@ -753,7 +753,12 @@ impl Tree {
             // thousands of processes, need not be read.
             return has_other_children(self.skip) && self.walk().is_some_and(|w| !w.is_empty());
         }
-        self.leader.as_ref().is_some_and(group_runs)
+        // Not a subreaper (the prctl refused): orphans of the group went to
+        // init, so the group is looked up as well.
+        let mine = matches!(self.root, Some(Root::Me))
+            && has_other_children(self.skip)
+            && self.walk().is_some_and(|w| !w.is_empty());
+        mine || self.leader.as_ref().is_some_and(group_runs)
     }
 }
 
