@@ -1,6 +1,7 @@
 //! Creating processes: the command (forked straight into its cgroup where
 //! the kernel can, prepared, exec'd, and known to have exec'd) and the
-//! watchdog (started detached, so that it is no descendant of leaderrun).
+//! watchdog (started through an intermediate that exits at once, so that
+//! its exec overlaps leaderrun's work; leaderrun adopts and reaps it).
 //!
 //! std's `Command` cannot start a child inside a cgroup. The child would
 //! have to move itself by writing to `cgroup.procs` between fork and exec,
@@ -299,27 +300,43 @@ pub struct Detached {
 }
 
 /// Start `prog` through an intermediate process that exits at once, so that
-/// it is re-parented to init (or the nearest subreaper above leaderrun):
-/// not leaderrun's child, and so never among the descendants leaderrun must
-/// see gone before it releases (tree.rs, `Tree::alive`). It runs in a
-/// process group of its own, with `ignore` set to "ignore" (which survives
-/// exec), `stdin` as its standard input and /dev/null as its output.
+/// it is not leaderrun's own child but its grandchild: re-parented, once the
+/// intermediate exits, to the nearest subreaper above the intermediate. Run
+/// by a subreaper (leaderrun is one from its start, tree.rs), it becomes the
+/// caller's child after all, which then reaps it: no zombie is left to a
+/// PID 1 that reaps nothing. It runs in a process group of its own, with
+/// `ignore` set to "ignore" (which survives exec), `stdin` and `stdout` as
+/// its standard input and output, and `extra` as its fds 3, 4, … (a
+/// negative entry leaves that number closed).
 ///
 /// This returns as soon as the intermediate is forked: the exec runs while
-/// leaderrun goes on. Call [`Detached::confirm`] before relying on it, and
-/// before leaderrun becomes a subreaper (or the process would be adopted by
-/// leaderrun after all).
-pub fn spawn_detached(prog: &Program, stdin: RawFd, ignore: &[i32]) -> std::io::Result<Detached> {
+/// leaderrun goes on. Call [`Detached::confirm`] before relying on it.
+pub fn spawn_detached(
+    prog: &Program,
+    stdin: RawFd,
+    stdout: RawFd,
+    extra: &[RawFd],
+    ignore: &[i32],
+) -> std::io::Result<Detached> {
+    // Every source is first copied at or above this number, so that no
+    // dup2 onto 0, 1, 3, 4, … can clobber a source not yet placed.
+    const HIGH: RawFd = 16;
+    const MAX_EXTRA: usize = 8;
+    if extra.len() > MAX_EXTRA {
+        return Err(std::io::ErrorKind::InvalidInput.into());
+    }
+    let mut fixed = [-1; MAX_EXTRA];
+    fixed[..extra.len()].copy_from_slice(extra);
     let (argv, envp) = prog.pointers();
     let (status_rd, status_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    let null = c"/dev/null";
-    let err = status_wr.as_raw_fd();
+    let status = status_wr.as_raw_fd();
     // SAFETY: both children make only async-signal-safe calls (fork, _exit,
-    // setpgid, sigaction, open, dup2, execve, write) on memory prepared
+    // setpgid, sigaction, fcntl, dup2, execve, write) on memory prepared
     // above, and never return.
     let middle = unsafe { libc::fork() };
     if middle == 0 {
         unsafe {
+            let err = libc::fcntl(status, libc::F_DUPFD_CLOEXEC, HIGH);
             // The intermediate says the pid (positive), the process a
             // failed exec's errno (negated); each write is atomic.
             match libc::fork() {
@@ -339,22 +356,35 @@ pub fn spawn_detached(prog: &Program, stdin: RawFd, ignore: &[i32]) -> std::io::
             for &sig in ignore {
                 libc::sigaction(sig, &act, std::ptr::null_mut());
             }
-            // Both sources above 2 first, so that neither dup2 can clobber
-            // the other (leaderrun may have been started with 0 or 1 closed).
-            let input = libc::fcntl(stdin, libc::F_DUPFD_CLOEXEC, 3);
-            let out = libc::open(null.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            let out = if out < 0 {
-                out
-            } else {
-                libc::fcntl(out, libc::F_DUPFD_CLOEXEC, 3)
+            let high = |fd: RawFd| {
+                if fd < 0 {
+                    -1
+                } else {
+                    libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HIGH)
+                }
             };
+            let input = high(stdin);
+            let out = high(stdout);
+            let mut moved = [-1; MAX_EXTRA];
+            for (m, &f) in moved.iter_mut().zip(fixed.iter()) {
+                *m = high(f);
+                if f >= 0 && *m < 0 {
+                    fail();
+                }
+            }
             if libc::setpgid(0, 0) != 0
+                || err < 0
                 || input < 0
                 || out < 0
                 || libc::dup2(input, 0) < 0
                 || libc::dup2(out, 1) < 0
             {
                 fail();
+            }
+            for (i, &fd) in moved.iter().enumerate() {
+                if fd >= 0 && libc::dup2(fd, 3 + i as RawFd) < 0 {
+                    fail();
+                }
             }
             libc::execve(prog.file.as_ptr(), argv.as_ptr(), envp.as_ptr());
             fail()
@@ -370,6 +400,22 @@ pub fn spawn_detached(prog: &Program, stdin: RawFd, ignore: &[i32]) -> std::io::
 }
 
 impl Detached {
+    /// Give up on a process not yet relied on (its orders never came):
+    /// SIGKILL it and reap it. Its pid names it until it is reaped, and
+    /// only the caller can reap it (its parent, the intermediate, never
+    /// waits, and the caller, a subreaper, adopts it), so the pid is safe
+    /// to signal. Without the subreaper nothing is signalled: closing its
+    /// pipe ends it as surely, only later.
+    pub fn abandon(self, subreaper: bool) {
+        let first = hear(&self.status);
+        let _ = reap(self.middle);
+        if let (Some(pid), true) = (first.filter(|p| *p > 0), subreaper) {
+            let pid = Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = reap(pid);
+        }
+    }
+
     /// Wait until the process has been exec'd (or failed to be) and the
     /// intermediate is reaped. Ok is the pid of the running program.
     pub fn confirm(self) -> std::io::Result<Pid> {

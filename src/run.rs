@@ -194,6 +194,8 @@ enum End {
     Lost(Lost),
     /// `--max-term` passed.
     Stepped,
+    /// The watchdog died and no replacement could be started.
+    Unguarded,
 }
 
 /// Renewals reach the status reporter and, once there is one, the
@@ -244,6 +246,10 @@ pub async fn run(cfg: RunConfig) -> i32 {
             return e.exit_code();
         }
     };
+    // Orphans of the command's tree come to leaderrun, not init (tree.rs),
+    // and so does the watchdog once its intermediate exits (fork.rs): its
+    // reaper is then leaderrun, not a PID 1 that may reap nothing.
+    crate::tree::become_subreaper();
     let mut r = Run::new(cfg);
     // Try-once: the watchdog's exec and start-up run while the acquire is
     // in flight (a connect, a round trip); it gets its orders only once the
@@ -274,6 +280,64 @@ pub async fn run(cfg: RunConfig) -> i32 {
         End::Exited(st) => r.after_exit(&lease, &mut child, st).await,
         End::Lost(lost) => r.after_loss(&lease, &mut child, lost, &mut signals).await,
         End::Stepped => r.after_term(&lease, &mut child, &mut signals).await,
+        End::Unguarded => r.after_unguarded(&lease, &mut child, &mut signals).await,
+    }
+}
+
+/// Completes when the watchdog dies: its end of the ack pipe closes. Never,
+/// without one.
+async fn watchdog_gone(w: &Rc<RefCell<Option<Watchdog>>>) {
+    use std::os::fd::AsRawFd;
+    use tokio::io::{unix::AsyncFd, Interest};
+    let fd = w.borrow().as_ref().and_then(Watchdog::gone_fd);
+    // SAFETY: the descriptor is moved into the AsyncFd, so it stays open
+    // (and the same file) for as long as the registration lives.
+    let registered =
+        fd.and_then(|f| unsafe { AsyncFd::register_with_interest(f, Interest::READABLE) }.ok());
+    let Some(afd) = registered else {
+        return std::future::pending().await;
+    };
+    loop {
+        let Ok(mut ready) = afd.readable().await else {
+            return std::future::pending().await;
+        };
+        // Nothing is written after `ready`: what is readable is the end.
+        let mut b = [0u8; 16];
+        match nix::unistd::read(afd.get_ref().as_raw_fd(), &mut b) {
+            Ok(0) => return,
+            Err(nix::errno::Errno::EAGAIN) | Ok(_) => ready.clear_ready(),
+            Err(_) => return,
+        }
+    }
+}
+
+/// The watchdog died: start another with the current orders at once (the
+/// SIGTERM token goes with it). False when none could be started: the
+/// command must then be stopped (docs/contract.md §10).
+fn replace_watchdog(w: &Rc<RefCell<Option<Watchdog>>>) -> bool {
+    let mut slot = w.borrow_mut();
+    let Some(old) = slot.as_ref() else {
+        return false;
+    };
+    match old.replace() {
+        Ok(new) => {
+            tracing::warn!(
+                event = "watchdog_replaced",
+                "the watchdog died; a new one (pid {}) holds the current orders",
+                new.pid().map_or(0, |p| p.as_raw())
+            );
+            // The old one is reaped as it is dropped.
+            *slot = Some(new);
+            true
+        }
+        Err(e) => {
+            tracing::error!(
+                event = "watchdog_failed",
+                "the watchdog died and no other could be started ({e})"
+            );
+            *slot = None;
+            false
+        }
     }
 }
 
@@ -295,6 +359,8 @@ struct Run {
     elector: Elector<AnyStore, BootClock>,
     report: Rc<RefCell<Reporter>>,
     watchdog: Rc<RefCell<Option<Watchdog>>>,
+    /// A watchdog told `done`, reaped as the run ends.
+    leaving: RefCell<Option<Watchdog>>,
 }
 
 impl Run {
@@ -339,6 +405,7 @@ impl Run {
             elector,
             report,
             watchdog,
+            leaving: RefCell::default(),
         }
     }
 
@@ -438,10 +505,20 @@ impl Run {
         }
     }
 
+    /// Whether a watchdog is alive and holds its orders, replacing a dead
+    /// one if need be.
+    fn ensure_watchdog(&self) -> bool {
+        let alive = self.watchdog.borrow().as_ref().is_some_and(Watchdog::alive);
+        alive || replace_watchdog(&self.watchdog)
+    }
+
     /// The watchdog's work is over: everything the command started is gone.
+    /// It is told so now, and reaped when the run ends (Drop of `Watchdog`),
+    /// so that its exit overlaps the release's round trip.
     fn finish_watchdog(&self) {
-        if let Some(w) = self.watchdog.borrow_mut().take() {
+        if let Some(mut w) = self.watchdog.borrow_mut().take() {
             w.done();
+            *self.leaving.borrow_mut() = Some(w);
         }
     }
 
@@ -470,18 +547,31 @@ impl Run {
             self.finish_watchdog();
             return Err(exit::LOST);
         }
+        // The second guard must be alive and hold its orders now: one that
+        // died since (the OOM killer, a stray kill) is replaced first.
+        if !self.ensure_watchdog() {
+            tracing::error!(
+                event = "watchdog_failed",
+                "the watchdog is gone and no other could be started; not running the command"
+            );
+            self.finish_watchdog();
+            self.elector.release(lease, None).await;
+            return Err(exit::FAILURE);
+        }
+        let token = match self.watchdog.borrow().as_ref() {
+            Some(w) => w.token(),
+            None => return Err(exit::FAILURE),
+        };
         let place = supervisor::Placement {
             cgroup: Cgroup::create(&format!("leaderrun-{}", std::process::id())),
             terminal: Terminal::attached(),
             skip: self.watchdog.borrow().as_ref().and_then(Watchdog::pid),
             keep_hup_ignored: hup_ignored,
+            token,
         };
         if let Some(w) = self.watchdog.borrow_mut().as_mut() {
             w.spawning(place.cgroup.as_ref());
         }
-        // Orphans of the command's tree come to leaderrun, not init (tree.rs);
-        // only now, so that the watchdog, started detached, was not adopted.
-        crate::tree::become_subreaper();
         let child = match supervisor::spawn(&self.command, file, &env, place) {
             Ok(c) => c,
             Err(e) => {
@@ -492,7 +582,11 @@ impl Run {
             }
         };
         if let Some(w) = self.watchdog.borrow_mut().as_mut() {
-            w.child(nix::unistd::Pid::from_raw(child.pid()), child.cgroup());
+            w.child(
+                nix::unistd::Pid::from_raw(child.pid()),
+                child.start(),
+                child.cgroup(),
+            );
         }
         tracing::debug!(event = "started", pid = child.pid(), "started the command");
         Ok(child)
@@ -508,12 +602,19 @@ impl Run {
     ) -> End {
         let clock = self.clock;
         let step_down = self.max_term.map(|m| lease.acquired_at + m);
+        let watchdog = self.watchdog.clone();
         let hold = self.elector.hold(lease);
         tokio::pin!(hold);
         loop {
             tokio::select! {
                 biased;
                 lost = &mut hold => return End::Lost(lost),
+                _ = watchdog_gone(&watchdog) => {
+                    if !replace_watchdog(&watchdog) {
+                        return End::Unguarded;
+                    }
+                    child.set_skip(watchdog.borrow().as_ref().and_then(Watchdog::pid));
+                }
                 _ = async {
                     match step_down {
                         Some(at) => clock.sleep_until(at).await,
@@ -599,6 +700,39 @@ impl Run {
         if gone && lost.reason != crate::elector::LossReason::Superseded {
             self.elector.release_after_loss(lease).await;
         }
+        exit::LOST
+    }
+
+    /// The watchdog died and no other could be started: the command must
+    /// not run with one guard. Stop it as on a loss, release, exit 75.
+    async fn after_unguarded(
+        &mut self,
+        lease: &Lease,
+        child: &mut supervisor::Child,
+        signals: &mut UnboundedReceiver<nix::sys::signal::Signal>,
+    ) -> i32 {
+        tracing::warn!(
+            event = "lost",
+            epoch = lease.epoch,
+            "the command would run with one guard only (the watchdog died and none could \
+             be started); stopping it"
+        );
+        self.report.borrow_mut().lost();
+        let (t, clock) = (self.t, self.clock);
+        let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
+        let (st, gone) = child.stop(&clock, kill_at, signals).await;
+        child.cleanup();
+        self.finish_watchdog();
+        if gone {
+            self.elector.release(lease, None).await;
+        }
+        self.report.borrow_mut().released();
+        tracing::warn!(
+            event = "stopped",
+            epoch = lease.epoch,
+            "command stopped (status {}); exiting 75",
+            status_code(st)
+        );
         exit::LOST
     }
 

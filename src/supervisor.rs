@@ -36,7 +36,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::errno::Errno;
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -45,7 +45,7 @@ use crate::clock::{Clock, Stamp};
 use crate::exit;
 use crate::fork::{self, Program};
 use crate::terminal::Terminal;
-use crate::tree::{Cgroup, Tree};
+use crate::tree::{Cgroup, Held, Root, TermToken, Tree};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
@@ -92,6 +92,8 @@ pub struct Placement {
     pub skip: Option<Pid>,
     /// SIGHUP was ignored when leaderrun started (`nohup`): keep it so.
     pub keep_hup_ignored: bool,
+    /// The right to send a stop's SIGTERM, shared with the watchdog.
+    pub token: TermToken,
 }
 
 /// Find out, before any lease is taken, whether `argv[0]` can be run at all,
@@ -249,16 +251,28 @@ pub fn spawn(
         .first()
         .map(|a| a.to_string_lossy().into_owned())
         .unwrap_or_default();
+    // The cgroup was made for this command: on every way out without one
+    // it goes (an empty cgroup left behind is never removed by anyone).
+    let unmade = |e: SpawnError| {
+        if let Some(cg) = &place.cgroup {
+            cg.remove();
+        }
+        e
+    };
     if argv.is_empty() {
-        return Err(SpawnError::NotFound("(empty command)".into()));
+        return Err(unmade(SpawnError::NotFound("(empty command)".into())));
     }
     // Listen before the child exists, so that no SIGCHLD is missed.
-    let sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
-        .map_err(|e| SpawnError::NotExecutable(format!("cannot watch for the child: {e}")))?;
+    let sigchld =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).map_err(|e| {
+            unmade(SpawnError::NotExecutable(format!(
+                "cannot watch for the child: {e}"
+            )))
+        })?;
     // The file check_command found, under the name the user gave; execvpe
     // still runs a script without `#!` with /bin/sh, as before.
     let prog = Program::new(file, argv, fork::command_env(env))
-        .map_err(|e| SpawnError::NotExecutable(format!("{shown}: {e}")))?;
+        .map_err(|e| unmade(SpawnError::NotExecutable(format!("{shown}: {e}"))))?;
     // The terminal is handed over only when leaderrun's job holds it.
     let tty_fd = place
         .terminal
@@ -303,14 +317,14 @@ pub fn spawn(
     if let Some(t) = place.terminal.filter(Terminal::is_ours) {
         t.give(pid);
     }
+    // Held while it is our unreaped child: its pid is still its own.
+    let mut tree = Tree::new(Some(Held::child(pid.as_raw())), cgroup, Some(Root::Me));
+    tree.unreaped = true;
+    tree.skip = place.skip.map(Pid::as_raw);
+    tree.token = place.token;
     Ok(Child {
         pid,
-        tree: Tree {
-            pgid: Some(pid),
-            cgroup,
-            root: Some(parent.as_raw()),
-            skip: place.skip.map(Pid::as_raw),
-        },
+        tree,
         exited: None,
         stopped: false,
         sigchld,
@@ -332,24 +346,33 @@ impl Child {
         self.pid.as_raw()
     }
 
+    /// The command's start time (clock ticks since boot), which with its pid
+    /// names it.
+    pub fn start(&self) -> u64 {
+        self.tree.leader.as_ref().map_or(0, |l| l.start)
+    }
+
     pub fn cgroup(&self) -> Option<&Cgroup> {
         self.tree.cgroup.as_ref()
     }
 
+    /// The watchdog was replaced: the new one is not to be swept.
+    pub fn set_skip(&mut self, skip: Option<Pid>) {
+        self.tree.skip = skip.map(Pid::as_raw);
+    }
+
     /// Pass a signal to the command's group, as a shell passes one to a
     /// job; a group that is stopped is continued after it, so the signal is
-    /// acted on. A group that is already gone is fine.
+    /// acted on. Once the command has been reaped its group is no longer
+    /// named by it: nothing is sent (the stop and the sweep see to what it
+    /// left behind).
     pub fn signal(&self, sig: Signal) {
-        match killpg(self.pid, sig) {
-            Ok(()) | Err(Errno::ESRCH) => {}
-            Err(e) => tracing::warn!(
-                event = "signal_failed",
-                "cannot send {sig} to process group {}: {e}",
-                self.pid
-            ),
+        if self.exited.is_some() {
+            return;
         }
+        self.tree.signal_group(sig);
         if self.stopped {
-            let _ = killpg(self.pid, Signal::SIGCONT);
+            self.tree.signal_group(Signal::SIGCONT);
         }
     }
 
@@ -367,11 +390,13 @@ impl Child {
                 }
                 Ok(WaitStatus::Exited(pid, code)) if pid == self.pid => {
                     self.exited = Some(ExitStatus::from_raw((code & 0xff) << 8));
+                    self.tree.unreaped = false;
                 }
                 Ok(WaitStatus::Signaled(pid, sig, core)) if pid == self.pid => {
                     self.exited = Some(ExitStatus::from_raw(
                         sig as i32 | if core { 0x80 } else { 0 },
                     ));
+                    self.tree.unreaped = false;
                 }
                 Ok(WaitStatus::Stopped(pid, sig)) if pid == self.pid => {
                     self.stopped = true;
@@ -401,16 +426,17 @@ impl Child {
         }
     }
 
-    /// SIGTERM (and SIGCONT) to everything now, SIGKILL at `kill_at` (at
-    /// once when that has passed), then reap. Signals that arrive meanwhile
-    /// are still forwarded. True when everything is gone.
+    /// SIGTERM (and SIGCONT) to everything now, unless the watchdog has
+    /// already sent it; SIGKILL at `kill_at` (at once when that has passed),
+    /// then reap. Signals that arrive meanwhile are still forwarded. True
+    /// when everything is gone.
     pub async fn stop<C: Clock>(
         &mut self,
         clock: &C,
         kill_at: Stamp,
         forward: &mut UnboundedReceiver<Signal>,
     ) -> (ExitStatus, bool) {
-        self.tree.signal(Signal::SIGTERM);
+        self.tree.terminate();
         let mut killed = false;
         loop {
             tokio::select! {
@@ -421,7 +447,7 @@ impl Child {
                 }
                 _ = clock.sleep_until(kill_at), if !killed => {
                     tracing::warn!(event = "kill", pid = self.pid(), "the command still runs at the kill deadline: SIGKILL to everything it started");
-                    self.tree.signal(Signal::SIGKILL);
+                    self.tree.kill();
                     killed = true;
                 }
                 Some(sig) = forward.recv() => self.signal(sig),
@@ -444,7 +470,8 @@ impl Child {
             pgid = self.pid(),
             "the command left processes behind; stopping them"
         );
-        self.tree.signal(Signal::SIGTERM);
+        // Whatever this stop already sent SIGTERM to is not sent another.
+        self.tree.terminate();
         let mut killed_at = None;
         loop {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -455,7 +482,7 @@ impl Child {
             let now = clock.now();
             match killed_at {
                 None if now >= kill_at => {
-                    self.tree.signal(Signal::SIGKILL);
+                    self.tree.kill();
                     killed_at = Some(now);
                 }
                 // A process SIGKILL does not end within a second is stuck in

@@ -16,17 +16,23 @@
 //!   `/proc`. While leaderrun lives (on loss, after the command exits) every
 //!   descendant is signalled, whatever its group.
 //! * **the process group** (always): the command leads a group of its own,
-//!   signalled as a whole with `killpg`.
+//!   signalled as a whole through its leader's pidfd.
+//!
+//! Every process is signalled through a pidfd, never by a number that may
+//! have been handed to a stranger since (see "Processes held by pidfd"
+//! below). A stop sends each process one SIGTERM, however many of the three
+//! mechanisms find it, and only the side (leaderrun or its watchdog) that
+//! holds the SIGTERM token sends any ([`TermToken`]).
 //!
 //! Without a writable cgroup one gap remains, and only when leaderrun itself
 //! dies: its re-parented descendants pass to init at that moment. The
-//! watchdog then kills the group and the descendants it saw in its last look
-//! at `/proc` (taken whenever leaderrun renews), checked by start time so a
-//! recycled pid is never hit. A descendant that left the group after that
-//! look escapes.
+//! watchdog then kills the group and the descendants it saw in its last good
+//! look at `/proc` (taken whenever leaderrun renews, and only while
+//! leaderrun's pidfd says it runs), held by pidfd since. A descendant that
+//! left the group after that look escapes.
 
-use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -131,18 +137,6 @@ pub fn descendants(root: i32, skip: Option<i32>) -> Vec<Proc> {
     out
 }
 
-/// Whether any process of group `pgid` is still running. Zombies do not
-/// count: an orphan's zombie waits for its reaper and runs nothing, but it
-/// still answers `kill(-pgid, 0)`.
-pub fn group_alive(pgid: Pid) -> bool {
-    if killpg(pgid, None).is_err() {
-        return false;
-    }
-    proc_table()
-        .iter()
-        .any(|p| p.pgrp == pgid.as_raw() && !p.zombie)
-}
-
 /// A cgroup v2 directory leaderrun created for one command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cgroup {
@@ -166,6 +160,46 @@ fn cgroup2_mount() -> Option<PathBuf> {
     })
 }
 
+/// Remove what a leaderrun killed together with its watchdog left behind
+/// (nothing else can): an empty `leaderrun-PID` beside the one about to be
+/// made, whose PID names no process here and that was made over a minute
+/// ago. The age is what makes this safe for a live leaderrun whose pid
+/// means something else here (another pid namespace under the same
+/// cgroup): its cgroup is empty and in use only between its creation and
+/// its command's start, moments; later it holds the command (removal
+/// fails, EBUSY) or is about to be removed by its owner anyway.
+fn remove_stale(parent: &Path, mine: &str) {
+    const AGE: std::time::Duration = std::time::Duration::from_secs(60);
+    let Ok(dir) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| *n != mine)
+            .and_then(|n| n.strip_prefix("leaderrun-"))
+            .and_then(|p| p.parse::<i32>().ok())
+            .filter(|p| *p > 0)
+        else {
+            continue;
+        };
+        if kill(Pid::from_raw(pid), None) != Err(Errno::ESRCH) {
+            continue;
+        }
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > AGE);
+        if old {
+            // Only an empty cgroup can be removed: a populated one stays.
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
+}
+
 impl Cgroup {
     /// Create a cgroup for the command below leaderrun's own. `None` where
     /// there is no cgroup v2 or it is not writable (an unprivileged user
@@ -174,7 +208,9 @@ impl Cgroup {
         let mount = cgroup2_mount()?;
         let own = read_small("/proc/self/cgroup")?;
         let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
-        let dir = mount.join(rel.trim_start_matches('/')).join(tag);
+        let parent = mount.join(rel.trim_start_matches('/'));
+        remove_stale(&parent, tag);
+        let dir = parent.join(tag);
         match std::fs::create_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -237,21 +273,25 @@ impl Cgroup {
             .is_some_and(|ev| ev.lines().any(|l| l.trim() == "populated 1"))
     }
 
-    fn members(&self) -> Vec<Pid> {
-        std::fs::read_to_string(self.dir.join("cgroup.procs"))
+    /// The members, each held by pidfd and proven a member after the open
+    /// (a pid read from `cgroup.procs` may have been recycled since).
+    fn held_members(&self) -> Vec<Held> {
+        read_small(self.dir.join("cgroup.procs"))
             .unwrap_or_default()
             .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .map(Pid::from_raw)
+            .filter_map(|l| l.trim().parse::<i32>().ok())
+            .filter_map(proc_entry)
+            .filter_map(|p| Held::of(&p, |pid| self.contains(Pid::from_raw(pid))))
             .collect()
     }
 
-    pub fn signal(&self, sig: Signal) {
-        if sig == Signal::SIGKILL && std::fs::write(self.dir.join("cgroup.kill"), "1").is_ok() {
+    /// SIGKILL to every member at once (Linux 5.14), or to each member.
+    pub fn kill(&self) {
+        if std::fs::write(self.dir.join("cgroup.kill"), "1").is_ok() {
             return;
         }
-        for pid in self.members() {
-            let _ = kill(pid, sig);
+        for h in self.held_members() {
+            h.signal(Signal::SIGKILL);
         }
     }
 
@@ -262,66 +302,494 @@ impl Cgroup {
     }
 }
 
-/// What to stop: the command's group, its cgroup if any, and (while
-/// leaderrun lives) every descendant of `root` but `skip` (the watchdog).
-#[derive(Debug, Clone)]
-pub struct Tree {
-    /// The command's process group (unknown only when leaderrun died
-    /// between fork and telling the watchdog the pid).
-    pub pgid: Option<Pid>,
-    pub cgroup: Option<Cgroup>,
-    pub root: Option<i32>,
-    pub skip: Option<i32>,
+// ---------------------------------------------------------------------------
+// Processes held by pidfd.
+//
+// A pid is a number the kernel hands out again once its process has been
+// reaped, and leaderrun runs as root in many of its homes: a signal sent to
+// a number is a signal to whoever holds that number *now*. A pidfd names one
+// process for as long as the descriptor is open: a signal through it reaches
+// that process or nobody (ESRCH once it has been reaped), and polling it says
+// whether the process has exited. So every process stopped here is held by
+// pidfd, obtained in one of two ways that prove the identity:
+//
+// * our own child, not yet reaped (its pid cannot be recycled until we reap
+//   it), or a pidfd inherited from the process itself (the watchdog's view
+//   of leaderrun);
+// * a pid seen somewhere (/proc, cgroup.procs, a message): pidfd_open, then
+//   the fact that made it a target is checked again through /proc *after*
+//   the open, and the pidfd must still say "running" after that check. A
+//   process that runs at the end has held its pid throughout, so the /proc
+//   files read in between were its own.
+//
+// A process group is signalled through its leader's pidfd with
+// PIDFD_SIGNAL_PROCESS_GROUP (Linux 6.9): the kernel then names the group by
+// the leader's `struct pid`, not by the number, so once the group is empty
+// the call fails with ESRCH even if another process has taken the number
+// and made itself a group leader with it.
+//
+// Older kernels: without that flag (5.3 to 6.8), a group is signalled by
+// number only while its leader is provably unreaped (leaderrun, its parent,
+// has not reaped it) or, in the watchdog, still running by its pidfd, which
+// leaves the instant between that check and the kill; without pidfds at all
+// (before 5.3) processes are named by pid and start time, checked before
+// each signal, as before pidfds existed.
+
+const PIDFD_SIGNAL_PROCESS_GROUP: u32 = 1 << 2;
+
+/// The three pidfd system calls, the only unsafe code for pidfds.
+mod sys {
+    use nix::errno::Errno;
+    use nix::libc;
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+    pub fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
+        // SAFETY: two integers in; the result is a new descriptor (or -1)
+        // that nothing else owns, so OwnedFd may take it.
+        let rc = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if rc < 0 {
+            return Err(Errno::last());
+        }
+        Ok(unsafe { OwnedFd::from_raw_fd(rc as i32) })
+    }
+
+    /// `sig` 0 only checks that the target exists.
+    pub fn pidfd_send_signal(fd: BorrowedFd<'_>, sig: i32, flags: u32) -> Result<(), Errno> {
+        // SAFETY: a descriptor valid for the call, integers, and a null
+        // siginfo, which means kill(2)'s defaults.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                flags,
+            )
+        };
+        if rc < 0 {
+            Err(Errno::last())
+        } else {
+            Ok(())
+        }
+    }
 }
 
-impl Tree {
-    /// Send `sig` to everything; a stopped process is continued after it,
-    /// so a TERM is acted on at once and never waits for a SIGCONT that may
-    /// never come.
-    pub fn signal(&self, sig: Signal) {
-        self.signal_only(sig);
-        if sig != Signal::SIGKILL {
-            self.signal_only(Signal::SIGCONT);
+/// A pidfd polls readable once its process has exited (zombie or reaped).
+fn pidfd_exited(fd: &OwnedFd) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut p = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    loop {
+        match poll(&mut p, PollTimeout::ZERO) {
+            Ok(n) => return n > 0,
+            Err(Errno::EINTR) => continue,
+            // A pidfd that cannot be polled is no proof of life.
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Open a pidfd for the process that holds `pid` now. `Err(None)`: the
+/// kernel has no pidfds (before 5.3) or refused one (a seccomp filter, no
+/// descriptors left), and the caller falls back to pid and start time.
+fn open_pidfd(pid: i32) -> Result<OwnedFd, Option<Errno>> {
+    match sys::pidfd_open(pid) {
+        Ok(fd) => Ok(fd),
+        Err(Errno::ESRCH) => Err(Some(Errno::ESRCH)),
+        Err(_) => Err(None),
+    }
+}
+
+/// A process that may be signalled: by pidfd where the kernel has them,
+/// else by pid and start time (see above).
+#[derive(Debug)]
+pub struct Held {
+    pub pid: i32,
+    /// Start time in clock ticks: with the pid, names the process.
+    pub start: u64,
+    fd: Option<OwnedFd>,
+}
+
+impl Held {
+    /// Hold `p`, a process seen in /proc, if `p.pid` still names it and it
+    /// still runs (`also` is any further fact to check after the open, such
+    /// as cgroup membership). None when it has gone.
+    pub fn of(p: &Proc, also: impl Fn(i32) -> bool) -> Option<Held> {
+        let same = |pid: i32| {
+            proc_entry(pid).is_some_and(|now| now.start == p.start && !now.zombie) && also(pid)
+        };
+        match open_pidfd(p.pid) {
+            Ok(fd) => (same(p.pid) && !pidfd_exited(&fd)).then_some(Held {
+                pid: p.pid,
+                start: p.start,
+                fd: Some(fd),
+            }),
+            Err(Some(_)) => None,
+            Err(None) => same(p.pid).then_some(Held {
+                pid: p.pid,
+                start: p.start,
+                fd: None,
+            }),
         }
     }
 
-    fn signal_only(&self, sig: Signal) {
-        if let Some(pgid) = self.pgid {
-            match killpg(pgid, sig) {
-                Ok(()) | Err(Errno::ESRCH) => {}
-                Err(e) => tracing::warn!(
-                    event = "signal_failed",
-                    "cannot send {sig} to process group {pgid}: {e}"
-                ),
+    /// Hold a child of this process that has not been reaped: its pid
+    /// cannot name anyone else until it is.
+    pub fn child(pid: i32) -> Held {
+        let start = proc_entry(pid).map_or(0, |p| p.start);
+        Held {
+            pid,
+            start,
+            fd: sys::pidfd_open(pid).ok(),
+        }
+    }
+
+    /// Hold the command leaderrun reported as `pid`, started at `start`:
+    /// None when the pid no longer names it (it was reaped). A zombie is
+    /// held: unreaped, it still names its group.
+    pub fn leader(pid: i32, start: u64) -> Option<Held> {
+        let same = || proc_entry(pid).is_some_and(|p| p.start == start);
+        match open_pidfd(pid) {
+            Ok(fd) => same().then_some(Held {
+                pid,
+                start,
+                fd: Some(fd),
+            }),
+            Err(Some(_)) => None,
+            Err(None) => same().then_some(Held {
+                pid,
+                start,
+                fd: None,
+            }),
+        }
+    }
+
+    /// A pidfd received from elsewhere (inherited), for `pid`.
+    pub fn from_pidfd(pid: i32, fd: OwnedFd) -> Held {
+        let start = proc_entry(pid).map_or(0, |p| p.start);
+        Held {
+            pid,
+            start,
+            fd: Some(fd),
+        }
+    }
+
+    /// Whether it has exited (a zombie has).
+    pub fn exited(&self) -> bool {
+        match &self.fd {
+            Some(fd) => pidfd_exited(fd),
+            None => !proc_entry(self.pid).is_some_and(|p| p.start == self.start && !p.zombie),
+        }
+    }
+
+    /// Send `sig`; false when the process is gone (never sent to another).
+    pub fn signal(&self, sig: Signal) -> bool {
+        match &self.fd {
+            Some(fd) => sys::pidfd_send_signal(fd.as_fd(), sig as i32, 0).is_ok(),
+            None => !self.exited() && kill(Pid::from_raw(self.pid), sig).is_ok(),
+        }
+    }
+
+    /// Send `sig` (None: only look) to the process group this process
+    /// leads, named by identity where the kernel can (see above).
+    /// `unreaped`: the caller is its parent and has not reaped it, which
+    /// pins the group's number. Ok(false): the group is empty.
+    fn signal_group(&self, sig: Option<Signal>, unreaped: bool) -> Result<bool, Errno> {
+        let raw = sig.map_or(0, |s| s as i32);
+        if let Some(fd) = &self.fd {
+            match sys::pidfd_send_signal(fd.as_fd(), raw, PIDFD_SIGNAL_PROCESS_GROUP) {
+                Ok(()) => return Ok(true),
+                Err(Errno::ESRCH) => return Ok(false),
+                // Before Linux 6.9 the flag is refused: by number, below.
+                Err(Errno::EINVAL) => {}
+                Err(e) => return Err(e),
+            }
+            if !unreaped && pidfd_exited(fd) {
+                // Its number may be anyone's now, and its members unproven.
+                return Ok(false);
             }
         }
+        match killpg(Pid::from_raw(self.pid), sig) {
+            Ok(()) => Ok(true),
+            Err(Errno::ESRCH) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The right to send a stop's SIGTERM, shared by leaderrun and its
+/// watchdog so that no process gets one from each: one byte in a pipe whose
+/// read end both hold (non-blocking). Reading a byte from a pipe is atomic,
+/// so exactly one of the two reads it; that one sends the SIGTERMs (each
+/// process once) and the other only ever sends SIGKILL. With no token at all
+/// (`TermToken::own`) the holder always has the right.
+#[derive(Debug, Clone)]
+pub struct TermToken {
+    fd: Option<std::rc::Rc<OwnedFd>>,
+    mine: bool,
+}
+
+impl TermToken {
+    /// A new token, and the read end to hand to the watchdog.
+    pub fn new() -> std::io::Result<(TermToken, OwnedFd)> {
+        use nix::fcntl::OFlag;
+        let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+        nix::unistd::write(&wr, b"T")?;
+        let other = rd.try_clone()?;
+        Ok((TermToken::from_fd(rd), other))
+    }
+
+    pub fn from_fd(fd: OwnedFd) -> TermToken {
+        TermToken {
+            fd: Some(std::rc::Rc::new(fd)),
+            mine: false,
+        }
+    }
+
+    /// The right, unshared: for a tree nobody else stops.
+    pub fn own() -> TermToken {
+        TermToken {
+            fd: None,
+            mine: true,
+        }
+    }
+
+    /// The read end, to hand a new watchdog the same token.
+    pub fn share(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.fd.as_deref().map(|f| f.as_fd())
+    }
+
+    /// Take the right if nobody has: true when this side holds it.
+    pub fn take(&mut self) -> bool {
+        if !self.mine {
+            if let Some(fd) = &self.fd {
+                let mut b = [0u8; 1];
+                self.mine = matches!(nix::unistd::read(fd.as_raw_fd(), &mut b), Ok(1));
+            }
+        }
+        self.mine
+    }
+}
+
+/// Whose descendants are the command's: leaderrun's, walked by leaderrun
+/// itself, or by the watchdog through its pidfd of leaderrun.
+#[derive(Debug)]
+pub enum Root {
+    Me,
+    Other(Held),
+}
+
+/// What to stop: the command (which leads its own group), its cgroup if
+/// any, every descendant of `root` but `skip` (the watchdog) while `root`
+/// lives, and processes found earlier and held by pidfd.
+#[derive(Debug)]
+pub struct Tree {
+    /// The command; None when leaderrun died before the watchdog could be
+    /// told (or shown) which process it is.
+    pub leader: Option<Held>,
+    /// The caller is the command's parent and has not reaped it, so its
+    /// group's number is pinned: leaderrun's own view, until it reaps it.
+    /// Never set in the watchdog, which cannot know.
+    pub unreaped: bool,
+    pub cgroup: Option<Cgroup>,
+    pub root: Option<Root>,
+    pub skip: Option<i32>,
+    /// Processes found outside a cgroup: the watchdog's last good look.
+    pub held: Vec<Held>,
+    pub token: TermToken,
+    /// Processes sent this stop's SIGTERM, by pid and start time.
+    termed: HashSet<(i32, u64)>,
+}
+
+impl Tree {
+    pub fn new(leader: Option<Held>, cgroup: Option<Cgroup>, root: Option<Root>) -> Tree {
+        Tree {
+            leader,
+            unreaped: false,
+            cgroup,
+            root,
+            skip: None,
+            held: Vec::new(),
+            token: TermToken::own(),
+            termed: HashSet::new(),
+        }
+    }
+
+    /// The live descendants of the root, held; None when the root cannot be
+    /// proven alive across the walk (the walk would be of a stranger's pid).
+    fn walk(&self) -> Option<Vec<Held>> {
+        let (pid, other) = match self.root.as_ref()? {
+            Root::Me => (std::process::id() as i32, None),
+            Root::Other(h) => (h.pid, Some(h)),
+        };
+        if other.is_some_and(Held::exited) {
+            return None;
+        }
+        if other.is_none() && !has_other_children(self.skip) {
+            return Some(Vec::new());
+        }
+        let found: Vec<Held> = descendants(pid, self.skip)
+            .iter()
+            .filter_map(|p| Held::of(p, |_| true))
+            .collect();
+        if other.is_some_and(Held::exited) {
+            return None;
+        }
+        Some(found)
+    }
+
+    /// The watchdog's look, taken while leaderrun provably lives: what it
+    /// finds replaces the last one. False (the last good look stands) when
+    /// leaderrun is gone or there is no root.
+    pub fn look(&mut self) -> bool {
+        match self.walk() {
+            Some(found) => {
+                self.held = found;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Everything that may be signalled now, each process once.
+    fn targets(&self) -> Vec<Held> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        let mut add = |h: Held, out: &mut Vec<Held>| {
+            if seen.insert((h.pid, h.start)) {
+                out.push(h);
+            }
+        };
         if let Some(cg) = &self.cgroup {
-            cg.signal(sig);
-        }
-        if let Some(root) = self.root {
-            for p in descendants(root, self.skip) {
-                let _ = kill(Pid::from_raw(p.pid), sig);
+            for h in cg.held_members() {
+                add(h, &mut out);
             }
+        }
+        for h in self.walk().unwrap_or_default() {
+            add(h, &mut out);
+        }
+        // The leader and the held ones are borrowed, not moved: re-held by
+        // the same proof (they are alive now, by their own pidfds).
+        for h in self.leader.iter().chain(&self.held) {
+            if !h.exited() && seen.insert((h.pid, h.start)) {
+                out.push(Held {
+                    pid: h.pid,
+                    start: h.start,
+                    fd: h.fd.as_ref().and_then(|f| f.try_clone().ok()),
+                });
+            }
+        }
+        out
+    }
+
+    /// The stop's SIGTERM, then SIGCONT (so that a stopped process acts on
+    /// it at once): to each process at most once per stop, and only by the
+    /// side that holds the token. Processes that appear later get SIGKILL
+    /// at the kill deadline, not a SIGTERM of their own: a trap handler's
+    /// cleanup helpers must not be terminated in turn. False when the other
+    /// side holds the right (it has sent, or is sending, the SIGTERM).
+    pub fn terminate(&mut self) -> bool {
+        if !self.token.take() {
+            return false;
+        }
+        for h in self.targets() {
+            if self.termed.insert((h.pid, h.start)) && h.signal(Signal::SIGTERM) {
+                h.signal(Signal::SIGCONT);
+            }
+        }
+        true
+    }
+
+    /// A signal passed on from outside (`kill -TERM leaderrun`) to the
+    /// command's group, as a shell passes one to a job: only while the
+    /// command is unreaped, or its group is named by identity.
+    pub fn signal_group(&self, sig: Signal) {
+        if let Some(l) = &self.leader {
+            if let Err(e) = l.signal_group(Some(sig), self.unreaped) {
+                tracing::warn!(
+                    event = "signal_failed",
+                    "cannot send {sig} to process group {}: {e}",
+                    l.pid
+                );
+            }
+        }
+    }
+
+    /// SIGKILL to everything: the cgroup at once, the group by identity,
+    /// every target by pidfd.
+    pub fn kill(&self) {
+        if let Some(cg) = &self.cgroup {
+            cg.kill();
+        }
+        if let Some(l) = &self.leader {
+            if let Err(e) = l.signal_group(Some(Signal::SIGKILL), self.unreaped) {
+                tracing::warn!(
+                    event = "signal_failed",
+                    "cannot send SIGKILL to process group {}: {e}",
+                    l.pid
+                );
+            }
+        }
+        for h in self.targets() {
+            h.signal(Signal::SIGKILL);
         }
     }
 
     /// Whether anything that must be stopped still runs.
     pub fn alive(&self) -> bool {
-        if self.cgroup.as_ref().is_some_and(Cgroup::populated) || self.pgid.is_some_and(group_alive)
-        {
+        if self.cgroup.as_ref().is_some_and(Cgroup::populated) {
             return true;
         }
-        self.root.is_some_and(|root| {
-            // leaderrun's own tree: with no child at all (the watchdog is
-            // started detached, fork.rs) it has no descendant either, and
-            // /proc, which may list thousands of processes, need not be
-            // read. (As init of a pid namespace leaderrun adopts its
-            // watchdog all the same: then it is `skip`.)
-            if root == std::process::id() as i32 && !has_children() {
-                return false;
-            }
-            !descendants(root, self.skip).is_empty()
-        })
+        if self.leader.as_ref().is_some_and(|l| !l.exited()) {
+            return true;
+        }
+        if self.held.iter().any(|h| !h.exited()) {
+            return true;
+        }
+        if matches!(self.root, Some(Root::Me)) && is_subreaper() {
+            // leaderrun's own tree holds every member of the command's group
+            // (they are its descendants, as subreaper), so the group need
+            // not be looked up by number. With no child but the watchdog,
+            // there is no descendant either, and /proc, which may list
+            // thousands of processes, need not be read.
+            return has_other_children(self.skip) && self.walk().is_some_and(|w| !w.is_empty());
+        }
+        // Not a subreaper (the prctl refused): orphans of the group went to
+        // init, so the group is looked up as well.
+        let mine = matches!(self.root, Some(Root::Me))
+            && has_other_children(self.skip)
+            && self.walk().is_some_and(|w| !w.is_empty());
+        mine || self.leader.as_ref().is_some_and(group_runs)
+    }
+}
+
+/// Whether the group `leader` led has a member that is not a zombie (an
+/// orphan's zombie waits for its reaper and runs nothing, but still counts
+/// as a member). The members are found by number in /proc, which is sound
+/// only while the group exists by identity: checked before and after.
+fn group_runs(leader: &Held) -> bool {
+    let exists = || leader.signal_group(None, false).unwrap_or(true);
+    if !exists() {
+        return false;
+    }
+    let running = proc_table()
+        .iter()
+        .any(|p| p.pgrp == leader.pid && !p.zombie);
+    running && exists()
+}
+
+/// Whether this process has a child other than `skip`, running, stopped or
+/// not yet reaped. Read from the main thread's `children` file, which is
+/// complete here: this process forks only from its main thread (the
+/// command, for its parent-death signal, and the watchdog), orphans are
+/// re-parented to the first live thread, which is the main one, and an
+/// entry leaves the list only when this process reaps it, which it does
+/// from the same thread that reads. Without that file (a kernel built
+/// without CONFIG_PROC_CHILDREN), any child at all counts.
+fn has_other_children(skip: Option<i32>) -> bool {
+    let me = std::process::id();
+    match read_small(format!("/proc/self/task/{me}/children")) {
+        Some(s) => s.split_whitespace().any(|p| p.parse::<i32>().ok() != skip),
+        None => has_children(),
     }
 }
 
@@ -336,12 +804,27 @@ fn has_children() -> bool {
     !matches!(waitid(Id::All, look), Err(Errno::ECHILD))
 }
 
+static SUBREAPER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Make this process the reaper of its orphaned descendants (see the
-/// module docs). Best effort: an error leaves the other mechanisms.
+/// module docs), and so of its watchdog (fork.rs). Best effort: an error
+/// leaves the other mechanisms.
 pub fn become_subreaper() {
-    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        tracing::debug!("PR_SET_CHILD_SUBREAPER failed: {e}");
+    match nix::sys::prctl::set_child_subreaper(true) {
+        Ok(()) => SUBREAPER.store(true, std::sync::atomic::Ordering::Relaxed),
+        Err(e) => tracing::debug!("PR_SET_CHILD_SUBREAPER failed: {e}"),
     }
+}
+
+/// Whether [`become_subreaper`] succeeded.
+pub fn is_subreaper() -> bool {
+    SUBREAPER.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A pidfd of this process, for the watchdog to inherit; None without
+/// pidfds (before Linux 5.3).
+pub fn pidfd_self() -> Option<OwnedFd> {
+    sys::pidfd_open(std::process::id() as i32).ok()
 }
 
 #[cfg(test)]
@@ -365,6 +848,37 @@ mod tests {
         let z = "7 (x) Z 3 5 5 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 55 0 0 0";
         assert!(parse_stat(7, z).unwrap().zombie);
         assert_eq!(parse_stat(7, "garbage"), None);
+    }
+
+    /// Of two holders of one token, exactly one gets the right, and keeps it.
+    #[test]
+    fn the_sigterm_token_goes_to_one_side_only() {
+        let (mut a, theirs) = TermToken::new().unwrap();
+        let mut b = TermToken::from_fd(theirs);
+        assert!(b.take());
+        assert!(!a.take());
+        assert!(b.take(), "the holder keeps the right");
+        assert!(!a.take());
+        assert!(TermToken::own().take());
+    }
+
+    /// A reaped child's pidfd reaches nobody, whoever has its pid now.
+    #[test]
+    fn a_held_process_is_never_signalled_once_it_is_gone() {
+        let mut c = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let h = Held::child(c.id() as i32);
+        assert!(!h.exited());
+        assert!(h.signal(Signal::SIGKILL));
+        let _ = c.wait();
+        assert!(h.exited());
+        assert!(
+            !h.signal(Signal::SIGKILL),
+            "signalled through a reaped pidfd"
+        );
+        assert_eq!(h.signal_group(Some(Signal::SIGKILL), false), Ok(false));
     }
 
     #[test]

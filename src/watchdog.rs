@@ -19,13 +19,16 @@
 //! It is `/proc/self/exe` started again (a fork alone could not safely run
 //! a store client), with its orders on a pipe as its stdin: the store URL,
 //! which may hold a password, is never in its argv or environment (its argv
-//! holds leaderrun's pid). It is started detached (fork.rs), adopted by
-//! init rather than leaderrun, so that leaderrun, once its command exits,
-//! can tell it has no descendant left without reading `/proc`. It runs
-//! in a process group of its own with terminal and job-control signals
-//! ignored, so a Ctrl-C, a hangup or a SIGKILL to leaderrun's group does not
-//! reach it. It holds no store connection until it must release, and sleeps
-//! in `poll` between messages.
+//! holds leaderrun's pid; its fd 3 is leaderrun's pidfd, its fd 4 the
+//! SIGTERM token, tree.rs). It is started through an intermediate
+//! (fork.rs) and adopted by leaderrun, a subreaper, which reaps it when it
+//! is done: a PID 1 that reaps nothing is never left its zombie. It
+//! says `ready` on its stdout once it holds its orders, and keeps that pipe
+//! open until it dies, so that leaderrun learns of its death at once and
+//! starts another. It runs in a process group of its own with terminal and
+//! job-control signals ignored, so a Ctrl-C, a hangup or a SIGKILL to
+//! leaderrun's group does not reach it. It holds no store connection until
+//! it must release, and sleeps in `poll` between messages.
 //!
 //! leaderrun's side of the pipe is non-blocking: a frozen watchdog can never
 //! stall leaderrun. A deadline it misses that way is an *earlier* one, so a
@@ -41,7 +44,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use crate::clock::{boot_timer, boottime_now, Stamp};
-use crate::tree::{Cgroup, Proc, Tree};
+use crate::tree::{Cgroup, Held, Root, TermToken, Tree};
 
 /// `argv[1]` that makes `leaderrun` a watchdog; argv[0] names it in `ps`.
 pub const ARG: &str = "--be-watchdog";
@@ -166,7 +169,20 @@ pub struct Watchdog {
     /// Known once `give` confirmed the start.
     pid: Option<Pid>,
     pipe: Option<OwnedFd>,
+    /// The read end of the watchdog's stdout: `ready` once it holds its
+    /// orders, then nothing until end-of-file, which means it has died (no
+    /// other process holds the write end).
+    ack: Option<OwnedFd>,
+    /// The right to send a stop's SIGTERM, shared with the watchdog.
+    token: TermToken,
+    /// The orders, with the latest deadline: what a replacement is given.
+    orders: Option<Orders>,
+    /// The last `spawning` or `child` line, replayed to a replacement.
+    said: Vec<String>,
 }
+
+/// The line a watchdog writes on its stdout once it holds its orders.
+const READY: &[u8] = b"ready\n";
 
 impl Watchdog {
     /// Start the watchdog and give it its orders. An error means leaderrun
@@ -177,18 +193,32 @@ impl Watchdog {
 
     /// Start the watchdog process without orders, so that its exec and
     /// start-up overlap the first acquire. Until [`Watchdog::give`] it only
-    /// waits on its pipe; dropped unused (the lease was held elsewhere), the
-    /// pipe closes and it leaves without doing anything. What the contract
-    /// needs is unchanged: the command starts only after `give` returned,
-    /// with the orders in the watchdog's pipe (§10).
+    /// waits on its pipe; dropped unused (the lease was held elsewhere), it
+    /// is killed and reaped. What the contract needs is unchanged: the
+    /// command starts only after `give` returned, which is after the
+    /// watchdog said it holds its orders (§10).
     pub fn spawn(name: &str) -> std::io::Result<Watchdog> {
+        let (token, theirs) = TermToken::new()?;
+        Watchdog::spawn_with(name, token, theirs.as_fd())
+    }
+
+    fn spawn_with(
+        name: &str,
+        token: TermToken,
+        theirs: std::os::fd::BorrowedFd<'_>,
+    ) -> std::io::Result<Watchdog> {
         let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let (ack_rd, ack_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        // leaderrun's own pidfd, inherited: the watchdog knows leaderrun by
+        // identity from its first instant, with no pid to race against.
+        let me = crate::tree::pidfd_self();
         let prog = crate::fork::Program::new(
             std::path::Path::new("/proc/self/exe"),
             &[
                 format!("leaderrun-watchdog {name}").into(),
                 ARG.into(),
                 std::process::id().to_string().into(),
+                if me.is_some() { "pidfd" } else { "-" }.into(),
             ],
             std::env::vars_os(),
         )?;
@@ -205,38 +235,115 @@ impl Watchdog {
             Signal::SIGTERM,
             Signal::SIGUSR1,
             Signal::SIGUSR2,
+            Signal::SIGPIPE,
         ]
         .map(|s| s as i32);
-        let starting = crate::fork::spawn_detached(&prog, rd.as_raw_fd(), &deaf)?;
+        let extra = [
+            me.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            theirs.as_raw_fd(),
+        ];
+        let starting =
+            crate::fork::spawn_detached(&prog, rd.as_raw_fd(), ack_wr.as_raw_fd(), &extra, &deaf)?;
         Ok(Watchdog {
             starting: Some(starting),
             pid: None,
             pipe: Some(wr),
+            ack: Some(ack_rd),
+            token,
+            orders: None,
+            said: Vec::new(),
         })
     }
 
-    /// Hand a started watchdog its orders. An error means leaderrun must
-    /// not start the command.
+    /// Hand a started watchdog its orders and wait until it says it holds
+    /// them (at the latest until the give-up deadline, after which the
+    /// command could not start anyway). An error means leaderrun must not
+    /// start the command.
     pub fn give(mut self, orders: &Orders) -> std::io::Result<Watchdog> {
         if let Some(s) = self.starting.take() {
             self.pid = Some(s.confirm()?);
         }
-        let w = &mut self;
         // The orders fit in the pipe's buffer; write them while the pipe is
         // still blocking, then make it non-blocking for the updates.
-        w.send_blocking(&orders.encode())?;
-        if let Some(p) = &w.pipe {
-            let fl = nix::fcntl::fcntl(p.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL)?;
-            let fl = OFlag::from_bits_truncate(fl) | OFlag::O_NONBLOCK;
-            nix::fcntl::fcntl(p.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(fl))?;
+        self.send_blocking(&orders.encode())?;
+        self.orders = Some(orders.clone());
+        if let Some(p) = &self.pipe {
+            set_nonblocking(p)?;
         }
+        let Some(ack) = &self.ack else {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        };
+        let mut got = Vec::new();
+        while got.len() < READY.len() {
+            let left = orders.deadline.saturating_sub(boottime_now());
+            if left.is_zero() || !wait_readable(ack, Some(left)) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the watchdog did not confirm its orders before the give-up deadline",
+                ));
+            }
+            let mut b = [0u8; 16];
+            match nix::unistd::read(ack.as_raw_fd(), &mut b[..READY.len() - got.len()]) {
+                Ok(0) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::BrokenPipe,
+                        "the watchdog exited before confirming its orders",
+                    ))
+                }
+                Ok(n) => got.extend_from_slice(&b[..n]),
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if got != READY {
+            return Err(std::io::Error::other("the watchdog answered nonsense"));
+        }
+        set_nonblocking(ack)?;
         Ok(self)
     }
 
-    /// Where leaderrun is its reaper all the same (as pid 1 of a
-    /// container), the watchdog is among its descendants: to be skipped.
+    /// Start a replacement with the current orders (latest deadline) and
+    /// everything said since; the same SIGTERM token goes with it.
+    pub fn replace(&self) -> std::io::Result<Watchdog> {
+        let Some(orders) = &self.orders else {
+            return Err(std::io::ErrorKind::NotFound.into());
+        };
+        let Some(theirs) = self.token.share() else {
+            return Err(std::io::ErrorKind::NotFound.into());
+        };
+        let mut w = Watchdog::spawn_with(&orders.name, self.token.clone(), theirs)?.give(orders)?;
+        for line in &self.said {
+            w.send(line);
+        }
+        // The first watchdog's first look comes with the first renewal,
+        // while the command has only just started; a replacement's would
+        // come an `R` into a command that may long have started others.
+        w.send("look\n");
+        w.said = self.said.clone();
+        Ok(w)
+    }
+
+    /// The watchdog's pid: a child of leaderrun, as subreaper, to be left
+    /// out of the command's tree.
     pub fn pid(&self) -> Option<Pid> {
         self.pid
+    }
+
+    /// The SIGTERM token, for the command's tree.
+    pub fn token(&self) -> TermToken {
+        self.token.clone()
+    }
+
+    /// Whether the watchdog still runs: its end of the ack pipe is open.
+    pub fn alive(&self) -> bool {
+        self.ack
+            .as_ref()
+            .is_some_and(|a| !wait_readable(a, Some(Duration::ZERO)))
+    }
+
+    /// A copy of the ack pipe's read end, readable once the watchdog dies.
+    pub fn gone_fd(&self) -> Option<OwnedFd> {
+        self.ack.as_ref().and_then(|a| a.try_clone().ok())
     }
 
     fn send_blocking(&mut self, msg: &str) -> std::io::Result<()> {
@@ -267,10 +374,9 @@ impl Watchdog {
                 );
             }
             Err(e) => {
-                tracing::warn!(
-                    event = "watchdog_failed",
-                    "the watchdog is gone ({e}); leaderrun alone enforces the deadline now"
-                );
+                // Its death is acted on where the ack pipe is watched
+                // (run.rs): replaced, or the command stopped.
+                tracing::debug!("the watchdog's pipe is closed ({e})");
                 self.pipe = None;
             }
         }
@@ -282,31 +388,103 @@ impl Watchdog {
     /// expire rather than hand it back under a command it cannot see.
     pub fn spawning(&mut self, cgroup: Option<&Cgroup>) {
         let cg = cgroup.map_or_else(|| "-".into(), |c| c.path().display().to_string());
-        self.send(&format!("spawning {cg}\n"));
+        let line = format!("spawning {cg}\n");
+        self.send(&line);
+        self.said = vec![line];
     }
 
-    /// The command started: what to stop.
-    pub fn child(&mut self, pgid: Pid, cgroup: Option<&Cgroup>) {
+    /// The command started: what to stop. Its start time goes with its pid,
+    /// so that the watchdog can tell it from a process that took the pid
+    /// after it was reaped.
+    pub fn child(&mut self, pid: Pid, start: u64, cgroup: Option<&Cgroup>) {
         let cg = cgroup.map_or_else(|| "-".into(), |c| c.path().display().to_string());
-        self.send(&format!("child {pgid} {cg}\n"));
+        let line = format!("child {pid} {start} {cg}\n");
+        self.send(&line);
+        self.said = vec![line];
     }
 
     /// A renewal succeeded: the new give-up deadline (`sent + G`).
     pub fn deadline(&mut self, at: Stamp) {
+        if let Some(o) = &mut self.orders {
+            o.deadline = o.deadline.max(at);
+        }
         self.send(&format!("deadline {}\n", ns(at)));
     }
 
-    /// leaderrun has started stopping the command itself (SIGTERM sent):
-    /// the watchdog need not send its own, but keeps the kill deadline.
+    /// leaderrun has started stopping the command itself: the watchdog
+    /// keeps the kill deadline, and (the SIGTERM token being leaderrun's)
+    /// sends no SIGTERM of its own.
     pub fn stopping(&mut self) {
         self.send("stopping\n");
+        self.said.push("stopping\n".into());
     }
 
     /// Everything the command started is gone: the watchdog leaves without
-    /// touching anything.
-    pub fn done(mut self) {
+    /// touching anything. leaderrun, its reaper, waits for it to exit and
+    /// reaps it when this handle is dropped.
+    pub fn done(&mut self) {
         self.send("done\n");
         self.pipe = None;
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.pipe = None;
+        if let Some(s) = self.starting.take() {
+            // Never given its orders (the lease was held elsewhere, or
+            // leaderrun is leaving early): it has nothing to guard.
+            s.abandon(crate::tree::is_subreaper());
+            return;
+        }
+        // Told `done`, or its pipe just closed (which it takes for
+        // leaderrun's death: with nothing started, it leaves at once). It
+        // exits within milliseconds; its stdout closing says it has.
+        if let Some(a) = &self.ack {
+            wait_readable(a, Some(Duration::from_secs(1)));
+        }
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        let Some(pid) = self.pid.take() else { return };
+        // A watchdog that is not our child (no subreaper) is not ours to
+        // reap: ECHILD at once.
+        for _ in 0..200 {
+            match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::EINTR) => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                _ => return,
+            }
+        }
+    }
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
+    let fl = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL)?;
+    let fl = OFlag::from_bits_truncate(fl) | OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(fl))?;
+    Ok(())
+}
+
+/// Wait until `fd` is readable (data, end-of-file or error), for at most
+/// `limit` (None: no limit). True when it is.
+fn wait_readable(fd: &OwnedFd, limit: Option<Duration>) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let until = limit.map(|l| boottime_now() + l);
+    loop {
+        let t = match until {
+            None => PollTimeout::NONE,
+            Some(u) => {
+                let left = u.saturating_sub(boottime_now()).as_millis();
+                PollTimeout::try_from(left.min(60_000) as i32).unwrap_or(PollTimeout::ZERO)
+            }
+        };
+        let mut p = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut p, t) {
+            Ok(n) if n > 0 => return true,
+            Ok(_) if until.is_some_and(|u| boottime_now() >= u) => return false,
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return true,
+        }
     }
 }
 
@@ -319,18 +497,23 @@ struct State {
     tree: Option<Tree>,
     /// `spawning` was said (with the cgroup the command starts in, if any).
     spawning: Option<Option<Cgroup>>,
-    /// Descendants of leaderrun seen at the last update (no cgroup only).
-    seen: Vec<Proc>,
+    /// leaderrun, held by the pidfd it handed down; moved into the tree as
+    /// its root once there is one.
+    leaderrun: Option<Held>,
+    token: TermToken,
     stopping: bool,
     termed: bool,
     killed: bool,
-    leaderrun: i32,
+    /// Renewals in a row whose look could not be taken: leaderrun was
+    /// already gone when the watchdog read them (it was delayed).
+    missed: u32,
     me: i32,
 }
 
 impl State {
     /// SIGTERM a little after `G`: leaderrun, when it runs, sends its own
-    /// at `G` exactly; this keeps the command from getting two.
+    /// at `G` exactly and so takes the SIGTERM token first; the token
+    /// (tree.rs) makes sure the command never gets one from each.
     fn term_at(&self) -> Stamp {
         let grace = (self.o.kill_after / 4).min(Duration::from_millis(100));
         self.o.deadline + grace
@@ -342,7 +525,7 @@ impl State {
 
     fn next_wake(&self) -> Option<Stamp> {
         self.tree.as_ref()?;
-        if !self.termed && !self.stopping {
+        if !self.termed {
             Some(self.term_at())
         } else if !self.killed {
             Some(self.kill_at())
@@ -351,31 +534,51 @@ impl State {
         }
     }
 
+    /// A renewal was announced: look at leaderrun's descendants (without a
+    /// cgroup, the look is what finds them should leaderrun die). A look
+    /// that cannot be taken (leaderrun is gone) leaves the last good one.
     fn look(&mut self) {
-        if let Some(t) = &self.tree {
+        if let Some(t) = &mut self.tree {
             if t.cgroup.is_none() {
-                self.seen = crate::tree::descendants(self.leaderrun, Some(self.me));
+                if t.look() {
+                    self.missed = 0;
+                } else {
+                    self.missed += 1;
+                }
             }
         }
     }
 
     /// Act on deadlines that have passed.
     fn enforce(&mut self) {
-        let Some(tree) = self.tree.clone() else {
+        let now = boottime_now();
+        let (term_at, kill_at) = (self.term_at(), self.kill_at());
+        let Some(tree) = &mut self.tree else {
             return;
         };
-        let now = boottime_now();
-        if !self.termed && !self.stopping && now >= self.term_at() {
+        if !self.termed && now >= term_at {
             self.termed = true;
-            tracing::warn!(
-                event = "watchdog_stop",
-                epoch = self.o.epoch,
-                "no renewal reached the watchdog before the give-up deadline \
-                 (leaderrun frozen or blocked?): SIGTERM to the command"
-            );
-            tree.signal(Signal::SIGTERM);
+            // Tried even after `stopping`: should leaderrun have frozen
+            // between saying so and sending its SIGTERM, the token is still
+            // there and the command still gets exactly one.
+            let sent = tree.terminate();
+            if sent && self.stopping {
+                tracing::warn!(
+                    event = "watchdog_stop",
+                    epoch = self.o.epoch,
+                    "leaderrun said it was stopping the command but sent no SIGTERM \
+                     (frozen?): SIGTERM to the command"
+                );
+            } else if sent {
+                tracing::warn!(
+                    event = "watchdog_stop",
+                    epoch = self.o.epoch,
+                    "no renewal reached the watchdog before the give-up deadline \
+                     (leaderrun frozen or blocked?): SIGTERM to the command"
+                );
+            }
         }
-        if !self.killed && now >= self.kill_at() {
+        if !self.killed && now >= kill_at {
             self.killed = true;
             if tree.alive() {
                 tracing::warn!(
@@ -384,7 +587,7 @@ impl State {
                     "the command still runs at the kill deadline: SIGKILL"
                 );
             }
-            tree.signal(Signal::SIGKILL);
+            tree.kill();
         }
     }
 
@@ -392,15 +595,21 @@ impl State {
         let mut f = line.split(' ');
         match f.next() {
             Some("child") => {
-                let pgid = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+                let pid = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+                let start = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
                 let cg = f.next().filter(|c| *c != "-").map(PathBuf::from);
-                if pgid > 0 {
-                    self.tree = Some(Tree {
-                        pgid: Some(Pid::from_raw(pgid)),
-                        cgroup: cg.map(Cgroup::from_path),
-                        root: Some(self.leaderrun),
-                        skip: Some(self.me),
-                    });
+                if pid > 0 {
+                    // Held only if the pid still names the process leaderrun
+                    // started (it may have exited and been reaped since).
+                    let leader = Held::leader(pid, start);
+                    let mut tree = Tree::new(
+                        leader,
+                        cg.map(Cgroup::from_path),
+                        self.leaderrun.take().map(Root::Other),
+                    );
+                    tree.skip = Some(self.me);
+                    tree.token = self.token.clone();
+                    self.tree = Some(tree);
                     // No look yet: the command has only just started, and
                     // it is in its group. The first renewal takes one.
                 }
@@ -415,6 +624,7 @@ impl State {
                 let cg = f.next().filter(|c| *c != "-").map(PathBuf::from);
                 self.spawning = Some(cg.map(Cgroup::from_path));
             }
+            Some("look") => self.look(),
             Some("stopping") => self.stopping = true,
             Some("done") => return true,
             _ => {}
@@ -445,14 +655,7 @@ impl State {
                 None => {}
                 // Died between fork and `child`: the command's cgroup is
                 // all there is to find it by.
-                Some(Some(cg)) => {
-                    self.tree = Some(Tree {
-                        pgid: None,
-                        cgroup: Some(cg),
-                        root: None,
-                        skip: None,
-                    })
-                }
+                Some(Some(cg)) => self.tree = Some(Tree::new(None, Some(cg), None)),
                 Some(None) => {
                     tracing::warn!(
                         event = "watchdog_release",
@@ -464,28 +667,46 @@ impl State {
             }
         }
         if let Some(tree) = &mut self.tree {
-            // leaderrun's descendants have passed to init: the group, the
-            // cgroup and the last look are what is left to find them by.
+            // leaderrun's descendants have passed to init: the cgroup, the
+            // group (by its leader's pidfd) and the last good look are what
+            // is left to find them by.
             tree.root = None;
-            tree.signal(Signal::SIGKILL);
-            for p in &self.seen {
-                if crate::tree::proc_entry(p.pid).is_some_and(|now| now.start == p.start) {
-                    let _ = nix::sys::signal::kill(Pid::from_raw(p.pid), Signal::SIGKILL);
-                }
-            }
+            tree.kill();
+            // Waited for past the lease's expiry if need be (a watchdog that
+            // was itself delayed acts late): the lease is then not handed
+            // back, but the cgroup, once empty, is still removed.
+            let give_up = expires.max(boottime_now() + Duration::from_secs(1));
+            let mut gone = true;
             while tree.alive() {
-                if boottime_now() >= expires {
-                    tracing::warn!(
-                        event = "watchdog_release",
-                        epoch = self.o.epoch,
-                        "leaderrun died and the command's processes would not die; the lease is left to expire"
-                    );
-                    return;
+                if boottime_now() >= give_up {
+                    gone = false;
+                    break;
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
             if let Some(cg) = &tree.cgroup {
                 cg.remove();
+            }
+            if !gone || boottime_now() >= expires {
+                tracing::warn!(
+                    event = "watchdog_release",
+                    epoch = self.o.epoch,
+                    "leaderrun died and the command's processes would not die in time; \
+                     the lease is left to expire"
+                );
+                return;
+            }
+            if tree.cgroup.is_none() && (tree.leader.is_none() || self.missed > 1) {
+                // Without a cgroup, only what the watchdog saw was stopped:
+                // with its view of the command lost, or more than the last
+                // renewal's look missed, a descendant may run on unseen.
+                tracing::warn!(
+                    event = "watchdog_release",
+                    epoch = self.o.epoch,
+                    "leaderrun died while the watchdog could not see the command's processes \
+                     (it was delayed); what it saw was stopped, and the lease is left to expire"
+                );
+                return;
             }
         }
         self.release(expires);
@@ -571,17 +792,42 @@ fn read_lines(buf: &mut Vec<u8>, lines: &mut Vec<String>) -> bool {
     n > 0
 }
 
-/// The watchdog process: `leaderrun --be-watchdog`, orders on stdin.
+/// The watchdog process: `leaderrun --be-watchdog PID pidfd|-`, orders on
+/// stdin, `ready` on stdout once it holds them; fd 3 is leaderrun's pidfd
+/// (when argv says `pidfd`), fd 4 the read end of the SIGTERM token.
 pub fn main() -> i32 {
-    // leaderrun's pid, from argv: the watchdog is started detached (fork.rs),
-    // so it is not leaderrun's child.
-    let Some(leaderrun) = std::env::args()
+    let usage = || {
+        crate::stderr::line("error: --be-watchdog is internal to leaderrun");
+        crate::exit::USAGE
+    };
+    // leaderrun's pid, from argv: the watchdog was started through an
+    // intermediate (fork.rs), so it cannot ask for its parent's.
+    let Some(pid) = std::env::args()
         .nth(2)
         .and_then(|p| p.parse::<i32>().ok())
         .filter(|p| *p > 0)
     else {
-        crate::stderr::line("error: --be-watchdog is internal to leaderrun");
-        return crate::exit::USAGE;
+        return usage();
+    };
+    let with_pidfd = std::env::args().nth(3).as_deref() == Some("pidfd");
+    let open_fd = |n: i32| nix::fcntl::fcntl(n, nix::fcntl::FcntlArg::F_GETFD).is_ok();
+    if !open_fd(4) || (with_pidfd && !open_fd(3)) {
+        return usage();
+    }
+    // SAFETY: fds 3 and 4 were placed in this process by leaderrun for it
+    // alone (fork.rs, spawn_detached; checked open just above), and nothing
+    // else here owns or closes them.
+    let (lr_fd, token_fd) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            with_pidfd.then(|| OwnedFd::from_raw_fd(3)),
+            OwnedFd::from_raw_fd(4),
+        )
+    };
+    let leaderrun = match lr_fd {
+        Some(fd) => Some(Held::from_pidfd(pid, fd)),
+        // No pidfds (before Linux 5.3): by pid and start time.
+        None => crate::tree::proc_entry(pid).and_then(|p| Held::of(&p, |_| true)),
     };
     let mut buf = Vec::new();
     let mut lines = Vec::new();
@@ -589,8 +835,7 @@ pub fn main() -> i32 {
     while open && !lines.iter().any(|l| l == "end") {
         open = read_lines(&mut buf, &mut lines);
         if lines.first().is_some_and(|l| l != MAGIC) {
-            crate::stderr::line("error: --be-watchdog is internal to leaderrun");
-            return crate::exit::USAGE;
+            return usage();
         }
     }
     let Some(end) = lines.iter().position(|l| l == "end") else {
@@ -611,15 +856,25 @@ pub fn main() -> i32 {
     );
     crate::logging::set_context(&o.name, &o.holder);
     crate::logging::set_epoch(o.epoch);
+    // The orders are decoded and held: only now may the command start. The
+    // write end stays open until this process ends, which is how leaderrun
+    // learns of its death.
+    // SAFETY: fd 1 is the ack pipe leaderrun placed there, open for the
+    // whole process.
+    let out = unsafe { std::os::fd::BorrowedFd::borrow_raw(1) };
+    if nix::unistd::write(out, READY) != Ok(READY.len()) {
+        return crate::exit::USAGE;
+    }
     let mut st = State {
         o,
         tree: None,
         spawning: None,
-        seen: Vec::new(),
+        leaderrun,
+        token: TermToken::from_fd(token_fd),
         stopping: false,
         termed: false,
         killed: false,
-        leaderrun,
+        missed: 0,
         me: std::process::id() as i32,
     };
     if st.feed(&later, open) {

@@ -560,3 +560,56 @@ fn without_clone3_the_command_still_starts_in_its_cgroup() {
     }
     command_had_its_own_cgroup(&mount, c);
 }
+
+/// A leaderrun killed together with its watchdog leaves its command's
+/// cgroup behind, empty, with nobody left to remove it. The next leaderrun
+/// that makes a cgroup beside it removes it, once it is old enough that no
+/// live leaderrun can be about to start a command in it; a fresh one stays.
+#[test]
+fn a_cgroup_left_by_a_leaderrun_killed_with_its_watchdog_is_removed_later() {
+    let Some(mount) = writable_cgroup2() else {
+        eprintln!("skipped: needs a writable cgroup v2 hierarchy (root)");
+        return;
+    };
+    let dir = TempDir::new("wd-stale-cg");
+    let store = embedded(&dir);
+    let mut a = spawn(
+        lr(&store, "st", &[], &worker(&dir, "a")),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.pid"), 10 * SEC);
+    let child = pid_in(&dir.file("a.pid"));
+    let w = wait_until_some("the watchdog", 5 * SEC, || watchdog_of(a.id()));
+    signal(a.id(), Signal::SIGSTOP);
+    signal(w as u32, Signal::SIGKILL);
+    signal(a.id(), Signal::SIGKILL);
+    let _ = a.wait();
+    wait_for("the command to die with leaderrun", 2 * SEC, || {
+        !alive(child)
+    });
+    let left = cgroup_left_by(a.id()).expect("the killed leaderrun's cgroup is left behind");
+    assert!(left.starts_with(&mount));
+    // The worker's last `sleep 0.02` ends by itself: then it is empty.
+    wait_for("the left cgroup to empty", 2 * SEC, || {
+        read(&left.join("cgroup.events")).contains("populated 0")
+    });
+    // An hour old, as it would be by the next run of a cron job.
+    let st = Command::new("touch")
+        .args(["-d", "1 hour ago"])
+        .arg(&left)
+        .status()
+        .expect("touch");
+    assert!(st.success());
+    // A fresh one, of a pid that runs nothing either: it stays.
+    let mut gone = Command::new("true").spawn().expect("true");
+    let _ = gone.wait();
+    let fresh = left.with_file_name(format!("leaderrun-{}", gone.id()));
+    std::fs::create_dir(&fresh).expect("a fresh cgroup");
+    let out = run(lr(&store, "st2", &[], "exit 0"));
+    let (stale_stayed, fresh_stayed) = (left.exists(), fresh.exists());
+    let _ = std::fs::remove_dir(&fresh);
+    let _ = std::fs::remove_dir(&left);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(!stale_stayed, "the stale cgroup {} stayed", left.display());
+    assert!(fresh_stayed, "a cgroup made a moment ago was removed");
+}

@@ -139,6 +139,17 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
     let t0 = Instant::now();
     loop {
         if let Some(st) = child.try_wait().expect("try_wait") {
+            // Every leaderrun that exits by itself has removed the cgroup it
+            // made for its command (nothing else ever would).
+            if st.code().is_some() {
+                if let Some(left) = cgroup_left_by(child.id()) {
+                    panic!(
+                        "leaderrun {} exited and left {} behind",
+                        child.id(),
+                        left.display()
+                    );
+                }
+            }
             return st;
         }
         if t0.elapsed() > limit {
@@ -284,8 +295,9 @@ pub fn child_groups(ppid: u32) -> Vec<i32> {
 
 /// The watchdog process of the leaderrun with pid `lr`, found by its argv.
 pub fn watchdog_of(lr: u32) -> Option<i32> {
-    // Started detached, the watchdog is not leaderrun's child: it is found
-    // by the pid leaderrun passes it (`--be-watchdog PID`).
+    // Found by the pid leaderrun passes it (`--be-watchdog PID`), whoever
+    // its parent is (leaderrun adopts it as subreaper; init, once
+    // leaderrun is gone).
     let want = lr.to_string();
     let dir = std::fs::read_dir("/proc").ok()?;
     dir.flatten()
@@ -302,14 +314,45 @@ pub fn watchdog_of(lr: u32) -> Option<i32> {
 }
 
 /// `kill -9` of a leaderrun *and* its watchdog: a holder gone without a
-/// trace, whose lease only expiry frees.
+/// trace, whose lease only expiry frees. With both gone nothing can remove
+/// the cgroup leaderrun made for its command: the test does, as an
+/// operator would, once the command (killed with leaderrun) has left it.
 pub fn kill_holder_and_watchdog(lr: &mut Child) {
     let w = wait_until_some("the watchdog", Duration::from_secs(5), || {
         watchdog_of(lr.id())
     });
+    // Stopped first, so that leaderrun cannot replace its watchdog in the
+    // instant between the two kills.
+    signal(lr.id(), nix::sys::signal::Signal::SIGSTOP);
     signal(w as u32, nix::sys::signal::Signal::SIGKILL);
     signal(lr.id(), nix::sys::signal::Signal::SIGKILL);
     let _ = lr.wait();
+    if let Some(cg) = cgroup_left_by(lr.id()) {
+        let t0 = Instant::now();
+        while std::fs::remove_dir(&cg).is_err() && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// The cgroup v2 directory the leaderrun with pid `lr` made for its command
+/// (below this test process's own cgroup, which leaderrun inherited), if it
+/// is still there.
+pub fn cgroup_left_by(lr: u32) -> Option<PathBuf> {
+    let mount = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()?
+        .lines()
+        .find(|l| l.contains(" - cgroup2 "))
+        .and_then(|l| l.split_whitespace().nth(4).map(str::to_string))?;
+    let ours = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))?;
+    let dir = PathBuf::from(format!(
+        "{mount}{}/leaderrun-{lr}",
+        ours.trim().trim_end_matches('/')
+    ));
+    dir.exists().then_some(dir)
 }
 
 pub fn wait_until_some<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
