@@ -1,13 +1,11 @@
 //! The operator's surface: subcommands on both stores, systemd notify, JSON
 //! logs and the metrics file.
 
-mod support;
-
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 

@@ -8,34 +8,23 @@
 //! CI runs a fixed seed and a random one, `LEADERRUN_CHAOS_SECONDS` each
 //! (default 40). A soak: see the README ("Guarantees").
 
-mod support;
-
 use std::io::{Read, Write};
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::chaos_child::boot_ns;
+use crate::support::chaos_store::{ChaosStore, Kind};
+use crate::support::checker::{self, Fault, Limits};
+use crate::support::*;
 use nix::sys::signal::Signal;
 use std::os::unix::process::CommandExt;
-use support::chaos_child::boot_ns;
-use support::chaos_store::{ChaosStore, Kind};
-use support::checker::{self, Fault, Limits};
-use support::*;
 
 const N: usize = 5;
 const LEASE_MS: u128 = 2000;
 const RETRY_MS: u128 = 200;
 const MS: u128 = 1_000_000;
-
-/// The child: this test binary again, running only `chaos_child`.
-#[test]
-#[ignore = "the chaos suite's child process; started by the suite itself"]
-fn chaos_child() {
-    if let Ok(spec) = std::env::var("CHAOS_CHILD") {
-        support::chaos_child::main(&spec);
-    }
-}
 
 /// SplitMix64: small, seedable, good enough to pick faults.
 struct Rng(u64);

@@ -2,16 +2,14 @@
 //! way against every store on a real server started for the test. Stores
 //! are opened through the registry from their URL, as the binary does.
 //!
-//! Run one store: `cargo nextest run --test conformance mysql::`.
+//! Run one store: `cargo nextest run -E 'test(/^conformance::mysql::/)'`.
 //! Add one: a function in `tests/support/stores.rs`, a line in `conformance!`.
-
-mod support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::join_all;
+use crate::support::stores::{self, Server};
 use leaderrun::store::{open, AnyStore, Origin, Store, StoreAdmin, StoreError};
-use support::join_all;
-use support::stores::{self, Server};
 
 /// Generous call timeout: the suite checks semantics, not latency.
 const T: Duration = Duration::from_secs(10);

@@ -1,14 +1,12 @@
 //! The embedded default store end to end: no server, nothing configured.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 

@@ -9,31 +9,20 @@
 //! Timing: `--lease 3s` (R = 1 s, G = 2 s, K = 0.5 s), `--retry 1s`, on
 //! a cluster with a 500 ms election timeout (support/etcd.rs says why).
 
-mod support;
-
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+use crate::support::chaos_child::{boot_ns, SCHEMA};
+use crate::support::checker::{self, Fault, Limits, Run};
+use crate::support::etcd::{election_ms, Cluster};
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::chaos_child::{boot_ns, SCHEMA};
-use support::checker::{self, Fault, Limits, Run};
-use support::etcd::{election_ms, Cluster};
-use support::*;
 
 const LEASE: Duration = Duration::from_secs(3);
 const GIVE_UP: Duration = Duration::from_secs(2);
 const KILL_AFTER: Duration = Duration::from_millis(500);
 const RETRY: Duration = Duration::from_secs(1);
 const MS: u128 = 1_000_000;
-
-/// The child: this test binary again, running only `chaos_child`.
-#[test]
-#[ignore = "the failover tests' child process; started by the tests themselves"]
-fn chaos_child() {
-    if let Ok(spec) = std::env::var("CHAOS_CHILD") {
-        support::chaos_child::main(&spec);
-    }
-}
 
 struct Contender {
     gen: u32,

@@ -10,31 +10,20 @@
 //! Timing everywhere: `--lease 3s` (R = 1 s, G = 2 s, K = 0.5 s),
 //! `--retry 200ms`.
 
-mod support;
-
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+use crate::support::chaos_child::{boot_ns, SCHEMA};
+use crate::support::checker::{self, Limits, Run};
+use crate::support::pg::PASSWORD;
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::chaos_child::{boot_ns, SCHEMA};
-use support::checker::{self, Limits, Run};
-use support::pg::PASSWORD;
-use support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 const TIMING: [&str; 4] = ["--lease", "3s", "--retry", "200ms"];
 const G_MS: u128 = 2000;
 const K_MS: u128 = 500;
 const MS: u128 = 1_000_000;
-
-/// The child: this test binary again, running only `chaos_child`.
-#[test]
-#[ignore = "the contenders' command; started by the tests themselves"]
-fn chaos_child() {
-    if let Ok(spec) = std::env::var("CHAOS_CHILD") {
-        support::chaos_child::main(&spec);
-    }
-}
 
 struct Cluster {
     primary: Pg,

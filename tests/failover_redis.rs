@@ -7,29 +7,18 @@
 //! Timings: `--lease 2s`, so R = 667 ms, G = 1333 ms, K = 333 ms; a holder
 //! whose renewals fail from time `t` has its command stopped by `t + G + K`.
 
-mod support;
-
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+use crate::support::chaos_child::{boot_ns, SCHEMA};
+use crate::support::checker::{self, Limits, Report, Run};
+use crate::support::redis::{Pair, Redis, PASSWORD};
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::chaos_child::{boot_ns, SCHEMA};
-use support::checker::{self, Limits, Report, Run};
-use support::redis::{Pair, Redis, PASSWORD};
-use support::*;
 
 const MS: u128 = 1_000_000;
 const G_MS: u128 = 1333;
 const K_MS: u128 = 333;
-
-/// The child: this test binary again, running only `chaos_child`.
-#[test]
-#[ignore = "the failover tests' child process; started by the tests themselves"]
-fn chaos_child() {
-    if let Ok(spec) = std::env::var("CHAOS_CHILD") {
-        support::chaos_child::main(&spec);
-    }
-}
 
 /// What one test holds: the fenced resource and where the children log.
 struct Bench {

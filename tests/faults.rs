@@ -2,12 +2,10 @@
 //! server, `kill -9`, a frozen process group. Bounds are derived from the
 //! configured lease (L), renew (R), give-up (G) and kill-after (K).
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);

@@ -1,6 +1,6 @@
 //! The man page and shell completions are generated from the clap
 //! definitions and checked in. This test fails when they are stale; run
-//! `LEADERRUN_REGENERATE=1 cargo nextest run --test generated` to rewrite them.
+//! `LEADERRUN_REGENERATE=1 cargo nextest run -E 'test(/^generated::/)'` to rewrite them.
 
 use std::path::{Path, PathBuf};
 
@@ -386,7 +386,7 @@ fn man_page_and_completions_are_current() {
     }
     assert!(
         stale.is_empty(),
-        "stale: {stale:?}; run LEADERRUN_REGENERATE=1 cargo nextest run --test generated and commit the result"
+        "stale: {stale:?}; run LEADERRUN_REGENERATE=1 cargo nextest run -E 'test(/^generated::/)' and commit the result"
     );
 }
 

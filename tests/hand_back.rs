@@ -4,12 +4,10 @@
 //! released once the store answers again. Bounds derive from the configured
 //! lease (L), renew (R), give-up (G), kill-after (K) and retry (P).
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);

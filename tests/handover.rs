@@ -8,13 +8,11 @@
 //! poll, so each test fails if its feature is removed; the figures
 //! themselves come from the benchmark (tests/bench/run.py), not from here.
 
-mod support;
-
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use support::stores::Server;
-use support::*;
+use crate::support::stores::Server;
+use crate::support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 /// The waiters' poll: anything that happens well within it is not a poll.

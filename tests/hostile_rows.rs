@@ -3,9 +3,7 @@
 //! `release` must be able to clear them. Nothing a user passes may be stored
 //! in a form that later reads reject.
 
-mod support;
-
-use support::{leaderrun, lr, run, Output, Pg, TempDir};
+use crate::support::{leaderrun, lr, run, Output, Pg, TempDir};
 
 fn admin(store: &str, args: &[&str]) -> Output {
     let mut c = leaderrun();

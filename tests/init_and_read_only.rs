@@ -2,11 +2,11 @@
 //! database (a standby, a primary demoted during failover) is a store that
 //! may heal: `--wait` keeps trying.
 
-mod support;
-
 use std::time::Duration;
 
-use support::{leaderrun, lr, run, spawn, wait_exit, wait_file, wait_for, Output, Pg, TempDir};
+use crate::support::{
+    leaderrun, lr, run, spawn, wait_exit, wait_file, wait_for, Output, Pg, TempDir,
+};
 
 fn admin(store: Option<&str>, args: &[&str]) -> Output {
     let mut c = leaderrun();
@@ -111,16 +111,16 @@ fn a_read_only_database_is_waited_out() {
             &log,
         );
         wait_for("a read-only warning", Duration::from_secs(10), || {
-            support::read(&log).contains("read-only")
+            crate::support::read(&log).contains("read-only")
         });
         // Several retries later it is still waiting, not failed.
         std::thread::sleep(Duration::from_millis(700));
         assert!(
             child.try_wait().expect("try_wait").is_none(),
             "exited: {}",
-            support::read(&log)
+            crate::support::read(&log)
         );
-        let text = support::read(&log);
+        let text = crate::support::read(&log);
         assert!(!text.contains("grant CREATE"), "{text}");
         assert!(!ran.exists());
         read_only(&pg, false);
@@ -129,7 +129,7 @@ fn a_read_only_database_is_waited_out() {
             wait_exit(&mut child, Duration::from_secs(10)).code(),
             Some(0),
             "{}",
-            support::read(&log)
+            crate::support::read(&log)
         );
     }
 }
@@ -181,15 +181,15 @@ fn looking_never_creates(url: &str, password: &str, table_exists: &dyn Fn() -> b
 #[test]
 fn looking_never_creates_the_table_postgres() {
     let pg = Pg::start();
-    looking_never_creates(&pg.url(), support::pg::PASSWORD, &|| {
+    looking_never_creates(&pg.url(), crate::support::pg::PASSWORD, &|| {
         pg.sql("SELECT to_regclass('leader_lease') IS NOT NULL") == "t"
     });
 }
 
 #[test]
 fn looking_never_creates_the_table_mariadb() {
-    let my = support::mysql::My::start();
-    looking_never_creates(&my.url(), support::mysql::PASSWORD, &|| {
+    let my = crate::support::mysql::My::start();
+    looking_never_creates(&my.url(), crate::support::mysql::PASSWORD, &|| {
         my.sql(
             "SELECT COUNT(*) FROM information_schema.tables \
              WHERE table_schema = 'lr' AND table_name = 'leader_lease'",
@@ -257,7 +257,12 @@ fn init_checks_the_grants(
     assert!(!r.stderr.contains("WARN"), "{}", r.stderr);
     // ...and the operator's subcommands.
     let mut a = spawn(
-        lr(app, "g", &["--lease", "30s"], &support::worker(&dir, "a")),
+        lr(
+            app,
+            "g",
+            &["--lease", "30s"],
+            &crate::support::worker(&dir, "a"),
+        ),
         &dir.file("a.log"),
     );
     wait_file(&dir.file("a.pid"), Duration::from_secs(10));
@@ -266,7 +271,7 @@ fn init_checks_the_grants(
     assert!(r.stdout.contains("held, expires in"), "{}", r.stdout);
     let r = admin(Some(app), &["check", "--name", "g", "--epoch", "2"]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    support::kill_holder_and_watchdog(&mut a);
+    crate::support::kill_holder_and_watchdog(&mut a);
     let r = admin(Some(app), &["release", "--name", "g", "--epoch", "2"]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let r = run(lr(app, "g", &[], "echo $LEASE_EPOCH"));
@@ -300,7 +305,7 @@ fn init_checks_the_grants_postgres() {
 
 #[test]
 fn init_checks_the_grants_mariadb() {
-    let my = support::mysql::My::start();
+    let my = crate::support::mysql::My::start();
     my.sql(leaderrun::store::mysql::TABLE_SQL);
     my.sql("CREATE USER 'app'@'%' IDENTIFIED BY 'App-pw-81x'");
     let app = format!("mysql://app:App-pw-81x@127.0.0.1:{}/lr", my.port);

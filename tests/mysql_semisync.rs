@@ -3,12 +3,10 @@
 //! semi-sync on) and a real replica (`CHANGE MASTER TO`, semi-sync on),
 //! both throwaway servers on free ports in temp dirs.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::mysql::My;
-use support::*;
+use crate::support::mysql::My;
+use crate::support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -66,7 +64,11 @@ fn require_sync_leads_only_while_a_replica_is_connected() {
         "{}",
         r.stderr
     );
-    assert!(!r.stderr.contains(support::mysql::PASSWORD), "{}", r.stderr);
+    assert!(
+        !r.stderr.contains(crate::support::mysql::PASSWORD),
+        "{}",
+        r.stderr
+    );
     assert!(!ran.exists(), "the command ran without a replica");
     let st = admin(&url, &["status", "--json", "--name", "s"]);
     let j: serde_json::Value = serde_json::from_str(st.stdout.trim()).expect("json");
@@ -205,7 +207,7 @@ fn a_binary_log_without_semi_sync_is_asynchronous() {
 /// Not a check: what `require=sync` costs per call, against a primary and
 /// a semi-sync replica on this machine. 300 rounds, the two stores
 /// interleaved; medians. Run with
-/// `cargo nextest run --test mysql_semisync --run-ignored only -E 'test(cost)' --no-capture`.
+/// `cargo nextest run --run-ignored only -E 'test(/^mysql_semisync::.*cost/)' --no-capture`.
 #[test]
 #[ignore = "a measurement, not a check"]
 fn require_sync_cost() {

@@ -4,16 +4,14 @@
 //! `tests/admin.rs`; the store contract in `tests/conformance.rs`
 //! (`pgbouncer_transaction::`, `pgbouncer_session::`).
 
-mod support;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::pgbouncer::{Bouncer, Mode};
+use crate::support::*;
 use leaderrun::store::postgres::PgStore;
 use leaderrun::store::{Store, StoreError};
 use nix::sys::signal::Signal;
-use support::pgbouncer::{Bouncer, Mode};
-use support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -93,7 +91,7 @@ fn pooler_configuration_errors_end_the_wait() {
             "unsupported startup parameter",
         ),
         (
-            b.url().replace(support::pg::PASSWORD, "Wr0ng-pw"),
+            b.url().replace(crate::support::pg::PASSWORD, "Wr0ng-pw"),
             "authentication failed",
         ),
     ] {
@@ -144,7 +142,7 @@ fn server_side_timeouts_hold_and_do_not_leak_through_transaction_pooling() {
                 "-c",
                 "BEGIN; SELECT 1 FROM leader_lease WHERE name = 'n' FOR UPDATE; SELECT pg_sleep(8)",
             ])
-            .env("PGPASSWORD", support::pg::PASSWORD)
+            .env("PGPASSWORD", crate::support::pg::PASSWORD)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

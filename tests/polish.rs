@@ -2,12 +2,10 @@
 //! before a subcommand, help text, scripts that cannot run, the status table,
 //! JSON logs, the state directory. Every test runs the real binary.
 
-mod support;
-
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 const BIN: &str = env!("CARGO_BIN_EXE_leaderrun");
@@ -465,7 +463,7 @@ fn tls_errors_are_not_doubled() {
     ] {
         let url = format!(
             "postgres://postgres:{}@localhost:{}/postgres?{q}",
-            support::pg::PASSWORD,
+            crate::support::pg::PASSWORD,
             tls.port
         );
         let r = run(lr(&url, "tls", &[], "true"));

@@ -1,11 +1,9 @@
 //! The run form end to end: the real binary against a throwaway Postgres.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -333,7 +331,11 @@ fn unreachable_store_fails_in_bounded_time_with_125() {
         took >= 2 * SEC - Duration::from_millis(100) && took < 3 * SEC,
         "{took:?}"
     );
-    assert!(!r.stderr.contains(support::pg::PASSWORD), "{}", r.stderr);
+    assert!(
+        !r.stderr.contains(crate::support::pg::PASSWORD),
+        "{}",
+        r.stderr
+    );
     assert!(!marker.exists());
 }
 
@@ -604,7 +606,7 @@ fn tls_follows_sslmode_in_the_url() {
     let url = |pg: &Pg, host: &str, mode: &str| {
         format!(
             "postgres://postgres:{}@{host}:{}/postgres?sslmode={mode}",
-            support::pg::PASSWORD,
+            crate::support::pg::PASSWORD,
             pg.port
         )
     };

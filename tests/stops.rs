@@ -4,13 +4,11 @@
 //! one that never confirmed its orders starts nothing); and no watchdog is
 //! left a zombie under a PID 1 that reaps nothing.
 
-mod support;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 
 const MS: Duration = Duration::from_millis(1);
 const SEC: Duration = Duration::from_secs(1);

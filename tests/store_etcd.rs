@@ -2,13 +2,11 @@
 //! `leaderrun` binary end to end on it. etcd grants whole seconds with a
 //! minimum of 2 s at its default election timeout, so leases here are 2–3 s.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::etcd::Etcd;
+use crate::support::*;
 use leaderrun::store::{open, AnyStore, Origin, Store, StoreAdmin, StoreError};
-use support::etcd::Etcd;
-use support::*;
 
 const L: Duration = Duration::from_secs(3);
 const T: Duration = Duration::from_secs(5);

@@ -1,12 +1,10 @@
 //! The MySQL/MariaDB store end to end: the real binary against a throwaway
 //! MariaDB (the contract itself is in tests/conformance.rs).
 
-mod support;
-
 use std::time::Duration;
 
-use support::mysql::My;
-use support::{leaderrun, lr, run, spawn, wait_exit, wait_file, worker, Output, TempDir};
+use crate::support::mysql::My;
+use crate::support::{leaderrun, lr, run, spawn, wait_exit, wait_file, worker, Output, TempDir};
 
 fn admin(store: &str, args: &[&str]) -> Output {
     let mut c = leaderrun();
@@ -29,7 +27,7 @@ fn the_binary_runs_holds_and_hands_over_on_mysql() {
         &dir.file("a.log"),
     );
     wait_file(&dir.file("a.pid"), Duration::from_secs(10));
-    assert_eq!(support::read(&dir.file("a.epoch")).trim(), "2");
+    assert_eq!(crate::support::read(&dir.file("a.epoch")).trim(), "2");
     // Held: try-once skips with the conflict exit code, starting nothing.
     let r = run(lr(
         &url,
@@ -60,13 +58,13 @@ fn the_binary_runs_holds_and_hands_over_on_mysql() {
         ),
         &dir.file("b.log"),
     );
-    support::signal(a.id(), nix::sys::signal::Signal::SIGTERM);
+    crate::support::signal(a.id(), nix::sys::signal::Signal::SIGTERM);
     assert_eq!(
         wait_exit(&mut a, Duration::from_secs(10)).code(),
         Some(128 + 15)
     );
     wait_file(&dir.file("b.pid"), Duration::from_secs(5));
-    assert_eq!(support::read(&dir.file("b.epoch")).trim(), "3");
+    assert_eq!(crate::support::read(&dir.file("b.epoch")).trim(), "3");
     // release by an operator: b's next renewal fails and it stops (75).
     let r = admin(&url, &["release", "--name", "job", "--epoch", "3"]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
@@ -78,7 +76,7 @@ fn the_binary_runs_holds_and_hands_over_on_mysql() {
             Some(0),
             format!(
                 "lease table ready in {}",
-                url.replace(support::mysql::PASSWORD, "***")
+                url.replace(crate::support::mysql::PASSWORD, "***")
             )
             .as_str()
         )

@@ -1,12 +1,10 @@
 //! The Postgres store's semantics against a real, throwaway Postgres.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::{join_all, Pg, Proxy};
 use leaderrun::store::postgres::PgStore;
 use leaderrun::store::{Store, StoreError};
-use support::{join_all, Pg, Proxy};
 
 const L: Duration = Duration::from_secs(5);
 const T: Duration = Duration::from_secs(5);
@@ -189,7 +187,7 @@ fn wrong_password_is_fatal_and_not_echoed() {
 
 #[test]
 fn refused_connection_is_unavailable() {
-    let port = support::free_port();
+    let port = crate::support::free_port();
     rt().block_on(async {
         let url = format!("postgres://postgres:pw@127.0.0.1:{port}/postgres?sslmode=disable");
         let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
@@ -266,7 +264,7 @@ fn a_table_made_by_the_previous_release_keeps_working_and_init_upgrades_it() {
         pg.port
     );
     for round in 1..=2 {
-        let out = support::run(support::lr(&app, "job", &[], "echo $LEASE_EPOCH"));
+        let out = crate::support::run(crate::support::lr(&app, "job", &[], "echo $LEASE_EPOCH"));
         assert_eq!(out.code, Some(0), "{}", out.stderr);
         assert_eq!(out.stdout.trim(), round.to_string());
         assert_eq!(out.stderr, "", "a warning on every run");
@@ -277,23 +275,23 @@ fn a_table_made_by_the_previous_release_keeps_working_and_init_upgrades_it() {
         assert!(a.renew("n", "a", 1, L, T).await.unwrap());
         assert!(a.release("n", "a", 1, Duration::ZERO, T).await.unwrap());
     });
-    let mut print = support::leaderrun();
+    let mut print = crate::support::leaderrun();
     print.args(["init", "--print", "--store", &pg.url()]);
-    let out = support::run(print);
+    let out = crate::support::run(print);
     assert!(
         out.stdout
             .contains("ADD COLUMN IF NOT EXISTS timeline bigint"),
         "{}",
         out.stdout
     );
-    let mut init = support::leaderrun();
+    let mut init = crate::support::leaderrun();
     init.args(["init", "--store", &pg.url()]);
-    let out = support::run(init);
+    let out = crate::support::run(init);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let column = "SELECT count(*) FROM information_schema.columns \
                   WHERE table_name = 'leader_lease' AND column_name = 'timeline'";
     assert_eq!(pg.sql(column), "1");
-    let out = support::run(support::lr(&app, "job", &[], "true"));
+    let out = crate::support::run(crate::support::lr(&app, "job", &[], "true"));
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert_eq!(
         pg.sql("SELECT epoch, timeline FROM leader_lease WHERE name = 'job'"),
@@ -376,11 +374,11 @@ fn a_commit_that_comes_back_with_a_warning_is_not_a_lease() {
 fn a_host_list_is_tried_in_order() {
     let (ro, rw) = (Pg::start(), Pg::start());
     ro.sql("ALTER DATABASE postgres SET default_transaction_read_only = on");
-    let down = support::free_port();
+    let down = crate::support::free_port();
     let url = format!(
         "postgres://postgres:{}@127.0.0.1:{down},127.0.0.1:{},127.0.0.1:{}/postgres\
          ?sslmode=disable&target_session_attrs=read-write&connect_timeout=2&application_name=mine",
-        support::pg::PASSWORD,
+        crate::support::pg::PASSWORD,
         ro.port,
         rw.port
     );
@@ -397,7 +395,7 @@ fn a_host_list_is_tried_in_order() {
     let url = format!(
         "postgres://postgres:{}@127.0.0.1:{down},127.0.0.1:{}/postgres\
          ?sslmode=disable&target_session_attrs=read-write",
-        support::pg::PASSWORD,
+        crate::support::pg::PASSWORD,
         ro.port
     );
     rt().block_on(async {
@@ -408,6 +406,6 @@ fn a_host_list_is_tried_in_order() {
             msg.contains(&format!("127.0.0.1:{down}")) && msg.contains("read-only"),
             "{msg}"
         );
-        assert!(!msg.contains(support::pg::PASSWORD), "{msg}");
+        assert!(!msg.contains(crate::support::pg::PASSWORD), "{msg}");
     });
 }

@@ -1,13 +1,11 @@
 //! The Redis store's semantics against a real, throwaway `redis-server`, and
 //! the `leaderrun` binary end to end on it.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::redis::{Pair, Redis, PASSWORD};
+use crate::support::*;
 use leaderrun::store::{open, AnyStore, LeaseInfo, Origin, Store, StoreAdmin, StoreError};
-use support::redis::{Pair, Redis, PASSWORD};
-use support::*;
 
 const L: Duration = Duration::from_secs(5);
 const T: Duration = Duration::from_secs(5);

@@ -1,14 +1,12 @@
 //! The embedded SQLite store's semantics, on real files.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::{join_all, TempDir};
 use leaderrun::store::sqlite::SqliteStore;
 use leaderrun::store::{Store, StoreError};
 use sqlx::Connection;
-use support::{join_all, TempDir};
 
 const L: Duration = Duration::from_secs(5);
 const T: Duration = Duration::from_secs(5);

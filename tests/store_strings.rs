@@ -1,11 +1,9 @@
 //! Store strings through the real binary: where they come from, how they are
 //! refused (one line, never echoed), and where the embedded store lives.
 
-mod support;
-
 use std::process::Command;
 
-use support::{leaderrun, run, Output, TempDir};
+use crate::support::{leaderrun, run, Output, TempDir};
 
 /// `leaderrun <args> --name n -- touch <marker>`; the marker tells whether a
 /// child was started.
@@ -78,7 +76,7 @@ fn unparsable_store_strings_name_their_origin_and_are_never_echoed() {
 
 #[test]
 fn a_one_letter_password_does_not_star_out_other_words() {
-    let port = support::free_port();
+    let port = crate::support::free_port();
     let mut c = leaderrun();
     c.args([
         "-v",
@@ -187,7 +185,7 @@ fn relative_paths_are_refused_and_a_relative_xdg_state_home_is_ignored() {
     let home = dir.file("home");
     std::fs::create_dir(&home).expect("home");
     nix::unistd::chown(&home, Some(nix::unistd::Uid::from_raw(65534)), None).ok();
-    let mut c = support::leaderrun_unprivileged(&dir);
+    let mut c = crate::support::leaderrun_unprivileged(&dir);
     c.env("HOME", &home)
         .env("XDG_STATE_HOME", "relative/state")
         .arg("-v")
@@ -254,7 +252,7 @@ fn sqlite_url_parameters_are_parsed_not_part_of_the_file_name() {
 #[test]
 fn no_home_at_all_is_a_store_failure_not_a_usage_error() {
     let dir = TempDir::new("nohome");
-    let mut c = support::leaderrun_unprivileged(&dir);
+    let mut c = crate::support::leaderrun_unprivileged(&dir);
     c.env_remove("HOME").env_remove("XDG_STATE_HOME");
     let (r, ran) = try_run(&dir, c);
     assert_eq!(r.code, Some(125), "{}", r.stderr);

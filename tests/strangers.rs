@@ -6,14 +6,12 @@
 //! /proc/sys/kernel/ns_last_pid (root); where it is not writable each test
 //! says so and skips.
 
-mod support;
-
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 
 const MS: Duration = Duration::from_millis(1);
 const SEC: Duration = Duration::from_secs(1);

@@ -2,12 +2,10 @@
 //! an interactive bash: the command can prompt and read, Ctrl-C reaches it
 //! as it would without leaderrun, and Ctrl-Z stops the job as a whole.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pty::Shell;
-use support::*;
+use crate::support::pty::Shell;
+use crate::support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 

@@ -3,15 +3,13 @@
 //! interrupted; descendants that leave the group are stopped too; broken
 //! pipes and hostile numbers do not crash it; a blip is ridden out.
 
-mod support;
-
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 
 const MS: Duration = Duration::from_millis(1);
 const SEC: Duration = Duration::from_secs(1);
@@ -414,12 +412,12 @@ fn the_store_url_is_in_no_argv_and_not_in_the_commands_environment() {
     let w = watchdog_of(a.id()).expect("watchdog");
     let argv = std::fs::read(format!("/proc/{w}/cmdline")).expect("cmdline");
     assert!(
-        !String::from_utf8_lossy(&argv).contains(support::pg::PASSWORD),
+        !String::from_utf8_lossy(&argv).contains(crate::support::pg::PASSWORD),
         "the watchdog's argv shows the password"
     );
     let wenv = std::fs::read(format!("/proc/{w}/environ")).expect("environ");
-    assert!(!String::from_utf8_lossy(&wenv).contains(support::pg::PASSWORD));
-    assert!(!read(&dir.file("env")).contains(support::pg::PASSWORD));
+    assert!(!String::from_utf8_lossy(&wenv).contains(crate::support::pg::PASSWORD));
+    assert!(!read(&dir.file("env")).contains(crate::support::pg::PASSWORD));
     signal(a.id(), Signal::SIGTERM);
     wait_exit(&mut a, 5 * SEC);
 }

@@ -3,12 +3,10 @@
 //! from an unknown CA under full verification, a CA file that is not
 //! there. A refused connection may heal, and is waited out.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::mysql::My;
-use support::*;
+use crate::support::mysql::My;
+use crate::support::*;
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -33,7 +31,7 @@ fn postgres_tls_configuration_errors_end_the_wait() {
     let url = |q: &str| {
         format!(
             "postgres://postgres:{}@localhost:{}/postgres?{q}",
-            support::pg::PASSWORD,
+            crate::support::pg::PASSWORD,
             tls.port
         )
     };
@@ -49,7 +47,7 @@ fn postgres_tls_configuration_errors_end_the_wait() {
     ends_at_once(
         &url("sslmode=verify-full"),
         "UnknownIssuer",
-        support::pg::PASSWORD,
+        crate::support::pg::PASSWORD,
     );
     // ...and a CA file that is not there is named.
     ends_at_once(
@@ -58,7 +56,7 @@ fn postgres_tls_configuration_errors_end_the_wait() {
             missing.display()
         )),
         &format!("cannot read {} (named by sslrootcert)", missing.display()),
-        support::pg::PASSWORD,
+        crate::support::pg::PASSWORD,
     );
     ends_at_once(
         &url(&format!(
@@ -66,7 +64,7 @@ fn postgres_tls_configuration_errors_end_the_wait() {
             missing.display()
         )),
         "(named by sslcert)",
-        support::pg::PASSWORD,
+        crate::support::pg::PASSWORD,
     );
 }
 
@@ -77,7 +75,7 @@ fn mariadb_tls_configuration_errors_end_the_wait() {
     let url = |q: &str| {
         format!(
             "mysql://lr:{}@localhost:{}/lr?{q}",
-            support::mysql::PASSWORD,
+            crate::support::mysql::PASSWORD,
             my.port
         )
     };
@@ -91,19 +89,19 @@ fn mariadb_tls_configuration_errors_end_the_wait() {
     ends_at_once(
         &url("ssl-mode=VERIFY_IDENTITY"),
         "UnknownIssuer",
-        support::mysql::PASSWORD,
+        crate::support::mysql::PASSWORD,
     );
     ends_at_once(
         &url(&format!("ssl-mode=VERIFY_CA&ssl-ca={}", missing.display())),
         &format!("cannot read {} (named by ssl-ca)", missing.display()),
-        support::mysql::PASSWORD,
+        crate::support::mysql::PASSWORD,
     );
     // A server without TLS where the URL requires it.
     let plain = My::start();
     ends_at_once(
         &format!("{}?ssl-mode=REQUIRED", plain.url()),
         "TLS",
-        support::mysql::PASSWORD,
+        crate::support::mysql::PASSWORD,
     );
 }
 

@@ -261,10 +261,6 @@ impl Member {
     pub fn up(&self) -> bool {
         self.server.is_some() && !self.frozen
     }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.server.as_ref().map(Child::id)
-    }
 }
 
 /// A throwaway cluster of three members on 127.0.0.1, each with its own

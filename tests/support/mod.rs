@@ -1,7 +1,6 @@
 //! Test support: throwaway servers, a fault proxy, and helpers to run the
 //! real `leaderrun` binary. Each test gets its own server; nothing here talks
 //! to the machine's shared services.
-#![allow(dead_code, unused_imports)]
 
 pub mod chaos_child;
 pub mod chaos_store;
@@ -17,37 +16,32 @@ pub mod stores;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub use pg::Pg;
 pub use proxy::Proxy;
 
-pub struct TempDir(PathBuf);
+/// A temporary directory, removed when dropped. Readable by everyone
+/// (0755, as a directory made under the usual umask): the servers the
+/// harness starts as another user read their files from it.
+pub struct TempDir(tempfile::TempDir);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "leaderrun-test-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("create temp dir");
-        TempDir(p)
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::Builder::new()
+            .prefix(&format!("leaderrun-test-{tag}-"))
+            .tempdir()
+            .expect("create temp dir");
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod temp dir");
+        TempDir(d)
     }
     pub fn path(&self) -> &Path {
-        &self.0
+        self.0.path()
     }
     pub fn file(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path().join(name)
     }
 }
 

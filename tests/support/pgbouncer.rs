@@ -28,7 +28,6 @@ impl Mode {
 
 pub struct Bouncer {
     pub port: u16,
-    pub mode: Mode,
     pub dir: TempDir,
     child: Child,
 }
@@ -114,12 +113,7 @@ impl Bouncer {
                 || pg.try_sql_via(port, "SELECT 1").is_ok_and(|out| out == "1"),
             );
             if let Some(child) = started {
-                return Bouncer {
-                    port,
-                    mode,
-                    dir,
-                    child,
-                };
+                return Bouncer { port, dir, child };
             }
         }
         panic!(

@@ -226,18 +226,6 @@ impl Redis {
         )
     }
 
-    /// A command as the ACL user `user`.
-    pub fn try_cli_as(&self, user: &str, password: &str, args: &[&str]) -> Result<String, String> {
-        let mut all = vec!["--user", user];
-        all.extend_from_slice(args);
-        cli_as(
-            self.port,
-            password,
-            self.tls.then(|| self.ca()).as_deref(),
-            &all,
-        )
-    }
-
     /// A command as the default user; its reply as redis-cli prints it.
     pub fn cli(&self, args: &[&str]) -> String {
         self.try_cli(args)

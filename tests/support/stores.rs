@@ -18,6 +18,8 @@ pub struct Server {
     /// path that cannot be one): calls must fail as "will not heal".
     pub refused_url: Option<String>,
     /// Keeps the server (or temp dir) alive; dropping it stops the server.
+    /// Held for its `Drop` alone, never read.
+    #[allow(dead_code)]
     pub guard: Box<dyn Any>,
 }
 
