@@ -375,7 +375,7 @@ impl Watchdog {
             }
             Err(e) => {
                 // Its death is acted on where the ack pipe is watched
-                // (run.rs): replaced, or the command stopped.
+                // (run/guard.rs): replaced, or the command stopped.
                 tracing::debug!("the watchdog's pipe is closed ({e})");
                 self.pipe = None;
             }

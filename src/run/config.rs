@@ -1,0 +1,129 @@
+//! The run form's command line, checked: everything [`super::run`] needs.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use crate::cli::{Common, RunArgs};
+use crate::exit;
+use crate::names;
+use crate::store::{AnyStore, StoreAdmin};
+use crate::timing::{Timing, TimingArgs};
+
+/// Everything the run form needs, validated.
+pub struct RunConfig {
+    /// `--store` as given, for the watchdog (which resolves it the same way).
+    pub store_arg: Option<String>,
+    pub store_origin: crate::store::Origin,
+    pub log: (u8, bool, bool),
+    pub name: String,
+    pub holder: String,
+    pub timing: Timing,
+    pub store: AnyStore,
+    pub wait: bool,
+    pub timeout: Option<Duration>,
+    pub min_hold: Option<Duration>,
+    pub max_term: Option<Duration>,
+    /// Use the store's push wake-ups while waiting (not `--no-push`).
+    pub push: bool,
+    pub conflict_exit_code: i32,
+    pub command: Vec<OsString>,
+    pub metrics_file: Option<std::path::PathBuf>,
+}
+
+/// Why the run form cannot start: one line, and the exit status it means
+/// (2 for usage errors, 125 when the environment leaves no store).
+#[derive(Debug)]
+pub struct Refused {
+    pub code: i32,
+    pub msg: String,
+}
+
+impl From<String> for Refused {
+    fn from(msg: String) -> Refused {
+        Refused {
+            code: exit::USAGE,
+            msg,
+        }
+    }
+}
+
+impl From<&str> for Refused {
+    fn from(msg: &str) -> Refused {
+        msg.to_string().into()
+    }
+}
+
+impl RunConfig {
+    pub fn from_cli(common: Common, run: RunArgs) -> Result<RunConfig, Refused> {
+        let args = TimingArgs {
+            lease: run.lease,
+            renew: run.renew,
+            give_up: run.give_up,
+            kill_after: run.kill_after,
+            retry: run.retry,
+        };
+        let timing = Timing::resolve(args).map_err(|e| e.to_string())?;
+        let name = run.name.ok_or("--name is required")?;
+        let store = crate::store::resolve(
+            common.store.clone(),
+            common.store_origin,
+            &format!("leaderrun {name}"),
+            timing.give_up,
+        )
+        .map_err(|e| Refused {
+            code: e.exit_code(),
+            msg: e.to_string(),
+        })?;
+        // The timing must hold for the lease the store really grants (a
+        // store with whole-second leases rounds up), not the one asked for.
+        let granted = store.capabilities().grant(timing.lease)?;
+        let timing = if granted == timing.lease {
+            timing
+        } else {
+            Timing::resolve(TimingArgs {
+                lease: Some(granted),
+                ..args
+            })
+            .map_err(|e| {
+                format!(
+                    "{e} (the store grants a lease of {})",
+                    humantime::format_duration(granted)
+                )
+            })?
+        };
+        if let Some(m) = run.max_term {
+            if m.is_zero() {
+                return Err("--max-term must be longer than 0".into());
+            }
+            // Stepping down releases at once; a keep that outlasts the term
+            // would hold the lease against the very rival it steps down for.
+            if run.min_hold.is_some_and(|h| h >= m) {
+                return Err("--min-hold must be shorter than --max-term".into());
+            }
+        }
+        if run.command.first().is_none_or(|c| c.is_empty()) {
+            return Err("the command after -- must not be empty".into());
+        }
+        Ok(RunConfig {
+            store_arg: common.store,
+            store_origin: common.store_origin,
+            log: (
+                common.verbose,
+                common.quiet,
+                common.log_format == crate::cli::LogFormat::Json,
+            ),
+            holder: run.holder.unwrap_or_else(names::default_holder),
+            name,
+            timing,
+            store,
+            wait: run.wait,
+            timeout: run.timeout,
+            min_hold: run.min_hold,
+            max_term: run.max_term,
+            push: !run.no_push,
+            conflict_exit_code: i32::from(run.conflict_exit_code),
+            command: run.command,
+            metrics_file: run.metrics_file,
+        })
+    }
+}

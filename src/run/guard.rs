@@ -1,0 +1,133 @@
+//! The run form's second guard: the watchdog started, confirmed, watched
+//! and replaced (docs/contract.md §10).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use super::Run;
+use crate::elector::Lease;
+use crate::exit;
+use crate::watchdog::{Orders, Watchdog};
+
+/// Completes when the watchdog dies: its end of the ack pipe closes. Never,
+/// without one.
+pub(super) async fn watchdog_gone(w: &Rc<RefCell<Option<Watchdog>>>) {
+    use std::os::fd::AsRawFd;
+    use tokio::io::{unix::AsyncFd, Interest};
+    let fd = w.borrow().as_ref().and_then(Watchdog::gone_fd);
+    // SAFETY: the descriptor is moved into the AsyncFd, so it stays open
+    // (and the same file) for as long as the registration lives.
+    let registered =
+        fd.and_then(|f| unsafe { AsyncFd::register_with_interest(f, Interest::READABLE) }.ok());
+    let Some(afd) = registered else {
+        return std::future::pending().await;
+    };
+    loop {
+        let Ok(mut ready) = afd.readable().await else {
+            return std::future::pending().await;
+        };
+        // Nothing is written after `ready`: what is readable is the end.
+        let mut b = [0u8; 16];
+        match nix::unistd::read(afd.get_ref().as_raw_fd(), &mut b) {
+            Ok(0) => return,
+            Err(nix::errno::Errno::EAGAIN) | Ok(_) => ready.clear_ready(),
+            Err(_) => return,
+        }
+    }
+}
+
+/// The watchdog died: start another with the current orders at once (the
+/// SIGTERM token goes with it). False when none could be started: the
+/// command must then be stopped (docs/contract.md §10).
+pub(super) fn replace_watchdog(w: &Rc<RefCell<Option<Watchdog>>>) -> bool {
+    let mut slot = w.borrow_mut();
+    let Some(old) = slot.as_ref() else {
+        return false;
+    };
+    match old.replace() {
+        Ok(new) => {
+            tracing::warn!(
+                event = "watchdog_replaced",
+                "the watchdog died; a new one (pid {}) holds the current orders",
+                new.pid().map_or(0, |p| p.as_raw())
+            );
+            // The old one is reaped as it is dropped.
+            *slot = Some(new);
+            true
+        }
+        Err(e) => {
+            tracing::error!(
+                event = "watchdog_failed",
+                "the watchdog died and no other could be started ({e})"
+            );
+            *slot = None;
+            false
+        }
+    }
+}
+
+impl Run {
+    /// The second guard starts before the command does: from the command's
+    /// first instant, either process stops it on time (docs/contract.md §10).
+    /// Err is the exit status: the command must not start.
+    pub(super) async fn arm_watchdog(
+        &mut self,
+        lease: &Lease,
+        early: Option<Watchdog>,
+    ) -> Result<(), i32> {
+        let t = self.t;
+        let orders = Orders {
+            store: self.store_arg.clone(),
+            origin: self.store_origin,
+            name: self.name.clone(),
+            holder: self.holder.clone(),
+            epoch: lease.epoch,
+            lease: t.lease,
+            renew: t.renew,
+            give_up: t.give_up,
+            kill_after: t.kill_after,
+            retry: t.retry,
+            min_hold: self.min_hold,
+            acquired_at: lease.acquired_at,
+            deadline: lease.sent + t.give_up,
+            verbose: self.log.0,
+            quiet: self.log.1,
+            json: self.log.2,
+        };
+        let started = match early {
+            Some(w) => w.give(&orders),
+            None => Watchdog::start(&orders),
+        };
+        match started {
+            Ok(w) => {
+                *self.watchdog.borrow_mut() = Some(w);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(
+                    event = "watchdog_failed",
+                    "cannot start the watchdog ({e}); not running the command"
+                );
+                self.elector.release(lease, None).await;
+                Err(exit::FAILURE)
+            }
+        }
+    }
+
+    /// Whether a watchdog is alive and holds its orders, replacing a dead
+    /// one if need be.
+    pub(super) fn ensure_watchdog(&self) -> bool {
+        let alive = self.watchdog.borrow().as_ref().is_some_and(Watchdog::alive);
+        alive || replace_watchdog(&self.watchdog)
+    }
+
+    /// The watchdog's work is over: everything the command started is gone.
+    /// It is told so now, and reaped when the run ends (Drop of `Watchdog`),
+    /// so that its exit overlaps the release's round trip.
+    pub(super) fn finish_watchdog(&self) {
+        if let Some(mut w) = self.watchdog.borrow_mut().take() {
+            w.done();
+            *self.leaving.borrow_mut() = Some(w);
+        }
+    }
+}
