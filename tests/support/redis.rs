@@ -128,17 +128,23 @@ impl Redis {
         assert_eq!(self.cli(&["REPLICAOF", "NO", "ONE"]), "OK");
     }
 
-    /// Until the primary counts `n` replicas as connected.
+    /// Until the primary counts `n` replicas as online and a `WAIT` for
+    /// them returns at once. `connected_slaves` also counts a replica whose
+    /// first sync the primary has not yet confirmed: `WAIT` ignores it, so
+    /// an acquisition with `replicas=` right after the sync would rightly
+    /// fail, which is not what a test that starts a healthy pair means.
     pub fn wait_replicas(&self, n: usize) {
-        let want = n.to_string();
         super::wait_for(
-            "the primary to see its replicas",
+            "the primary to see its replicas online",
             Duration::from_secs(20),
             || {
-                self.try_cli(&["INFO", "replication"])
-                    .unwrap_or_default()
+                let info = self.try_cli(&["INFO", "replication"]).unwrap_or_default();
+                let online = info
                     .lines()
-                    .any(|l| l.trim().strip_prefix("connected_slaves:") == Some(want.as_str()))
+                    .filter(|l| l.trim().starts_with("slave") && l.contains("state=online"))
+                    .count();
+                online >= n
+                    && self.try_cli(&["WAIT", &n.to_string(), "100"]).ok() == Some(n.to_string())
             },
         );
     }
