@@ -1038,6 +1038,58 @@ pub fn roundtrip(o: &Orders) -> Option<Orders> {
 mod tests {
     use super::*;
 
+    /// A cgroup path with a space, a newline or bytes that are not UTF-8
+    /// comes back whole; anything else than whole hex of an absolute path
+    /// names no cgroup at all.
+    #[test]
+    fn cgroup_paths_cross_the_pipe_whole() {
+        use std::os::unix::ffi::OsStrExt;
+        for raw in [
+            &b"/sys/fs/cgroup/my service.slice/leaderrun-1-ab"[..],
+            b"/sys/fs/cgroup/a\nchild 1 2 -/x",
+            b"/sys/fs/cgroup/\xff\xfe",
+        ] {
+            let cg = Cgroup::from_path(PathBuf::from(std::ffi::OsStr::from_bytes(raw)));
+            let f = path_field(Some(&cg));
+            assert!(!f.contains(' ') && !f.contains('\n'), "{f}");
+            assert_eq!(field_path(&f).as_deref(), Some(cg.path()));
+        }
+        assert_eq!(path_field(None), "-");
+        for bad in ["-", "", "2f7", "zz", "7379732f"] {
+            assert_eq!(field_path(bad), None, "{bad}");
+        }
+    }
+
+    /// A replacement's state goes inside the orders, before `end`, and the
+    /// orders still decode.
+    #[test]
+    fn state_rides_inside_the_orders() {
+        let o = Orders {
+            store: None,
+            origin: crate::store::Origin::Flag,
+            name: "x".into(),
+            holder: "h".into(),
+            epoch: 3,
+            lease: Duration::from_secs(3),
+            renew: Duration::from_secs(1),
+            give_up: Duration::from_secs(2),
+            kill_after: Duration::from_millis(500),
+            retry: Duration::from_millis(400),
+            min_hold: None,
+            acquired_at: Duration::from_secs(5),
+            deadline: Duration::from_secs(7),
+            verbose: 0,
+            quiet: false,
+            json: false,
+        };
+        let text = o.encode_with(&["child 12 34 -\n".into(), "stopping\n".into()]);
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let end = lines.iter().position(|l| l == "end").expect("end");
+        assert_eq!(end, lines.len() - 1);
+        assert_eq!(lines[end - 2..end], ["child 12 34 -", "stopping"]);
+        assert_eq!(Orders::decode(&lines[1..end]), Some(o));
+    }
+
     #[test]
     fn orders_survive_the_pipe() {
         let o = Orders {
