@@ -185,7 +185,12 @@ fn remove_stale(parent: &Path, mine: &str) {
         else {
             continue;
         };
-        if kill(Pid::from_raw(pid), None) != Err(Errno::ESRCH) {
+        // Pid 1 is always there, so it says nothing: a leaderrun that ran
+        // as PID 1 of a pid namespace (`unshare -fp`, a container's entry
+        // point) and was killed left its cgroup named `leaderrun-1-…`, and
+        // its namespace, watchdog included, died with it. The age rule
+        // below is what keeps a live one's cgroup.
+        if pid != 1 && kill(Pid::from_raw(pid), None) != Err(Errno::ESRCH) {
             continue;
         }
         let old = e
