@@ -55,7 +55,8 @@ pub const RUN_FORM: &[Status] = &[
         "75",
         Some(LOST),
         "the lease was lost while the command ran, or `--max-term` passed; the command was stopped \
-         (the log says which: `stopped` or `stepped_down`)",
+         (the log says which: `stopped` or `stepped_down`); or the lease was lost before the \
+         command could start, and it never started (`lost`)",
     ),
     row("124", Some(TIMEOUT), "`--timeout` passed without leading"),
     row(
