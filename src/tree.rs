@@ -790,7 +790,11 @@ impl Tree {
     /// them (a stopped process dies of SIGKILL without being continued).
     /// What escaped before the look, or through a process that exited by
     /// itself since, is beyond reach: the contract's limit without cgroups.
-    pub fn freeze_and_kill(&mut self) {
+    /// False when a process of the last look had exited by itself before it
+    /// could be stopped: what it started since may run on, out of sight,
+    /// so nothing here can vouch that everything is gone.
+    pub fn freeze_and_kill(&mut self) -> bool {
+        let vouched = self.held.iter().all(|h| !h.exited());
         let mut rounds = 0;
         loop {
             for h in &self.held {
@@ -841,6 +845,7 @@ impl Tree {
         for h in &self.held {
             h.signal(Signal::SIGKILL);
         }
+        vouched
     }
 
     /// Whether anything that must be stopped still runs.

@@ -737,11 +737,9 @@ impl State {
             if tree.cgroup.is_some() && !cgroup_seen {
                 tree.cgroup = None;
             }
-            if tree.cgroup.is_none() {
-                // Without a cgroup, what the last look held may still fork:
-                // stop it first, then what it started since (tree.rs).
-                tree.freeze_and_kill();
-            }
+            // Without a cgroup, what the last look held may still fork:
+            // stop it first, then what it started since (tree.rs).
+            let vouched = tree.cgroup.is_some() || tree.freeze_and_kill();
             tree.kill();
             // Waited for past the lease's expiry if need be (a watchdog that
             // was itself delayed acts late): the lease is then not handed
@@ -773,11 +771,12 @@ impl State {
                 );
                 return;
             }
-            if tree.cgroup.is_none() && (tree.leader.is_none() || missed > 0) {
+            if tree.cgroup.is_none() && (tree.leader.is_none() || missed > 0 || !vouched) {
                 // Without a cgroup, only what the watchdog saw was stopped:
-                // with its view of the command lost, or a renewal's look
-                // missed (the last good look is then more than `R` old), a
-                // descendant may run on unseen.
+                // with its view of the command lost, a renewal's look
+                // missed (the last good look is then more than `R` old), or
+                // a process of that look gone by itself since (a child it
+                // forked went to init, unseen), a descendant may run on.
                 tracing::warn!(
                     event = "watchdog_release",
                     epoch,
