@@ -398,10 +398,21 @@ fn calibrate(
     None
 }
 
-/// leaderrun under a started strace: strace's child, once it has one.
+/// A store of its own for the calibration run, so that the run under test
+/// starts from the same state (no database yet) and makes the same calls.
+fn calibration_store(dir: &TempDir) -> String {
+    format!("sqlite://{}", dir.file("calibration.db").display())
+}
+
+/// leaderrun under a started strace: the child of strace that runs the
+/// leaderrun binary (strace forks short-lived children of its own first, to
+/// probe what the kernel supports).
 fn traced_leaderrun(strace: &Child) -> i32 {
     wait_until_some("leaderrun under strace", 5 * SEC, || {
-        children_of(strace.id() as i32).first().copied()
+        children_of(strace.id() as i32).into_iter().find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).next() == Some(bin().as_bytes()))
+        })
     })
 }
 
@@ -477,7 +488,7 @@ const K3: Duration = Duration::from_millis(500);
 fn command_fork(cg: &Path, dir: &TempDir, name: &str) -> Option<(String, usize)> {
     let args = strs(&[
         "--store",
-        &embedded(dir),
+        &calibration_store(dir),
         "--name",
         &format!("{name}-cal"),
         "--lease",
@@ -588,7 +599,10 @@ fn leaderrun_frozen_before_the_fork_past_the_deadline_never_starts_the_command()
     // G = 2 s: held 3.5 s, it resumes past the give-up deadline (and past
     // the watchdog's G + K), before the lease's end.
     let inject = format!("{sys}:delay_enter=3500000:when={n}");
-    let st = strace_args(&dir.file("f3.trace"), &sys, Some(&inject), &args);
+    // execve is traced too: the command's exec is in the trace whether or
+    // not it got as far as its first file before leaderrun's SIGKILL.
+    let trace = dir.file("f3.trace");
+    let st = strace_args(&trace, &format!("execve,{sys}"), Some(&inject), &args);
     let strace = in_cgroup(&cg, "strace", &st)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.file("a.log")).expect("log"))
@@ -609,11 +623,18 @@ fn leaderrun_frozen_before_the_fork_past_the_deadline_never_starts_the_command()
         );
         std::thread::sleep(10 * MS);
     };
-    // Anything the command could have started has had time to write.
-    std::thread::sleep(100 * MS);
+    let execs: Vec<String> = read(&trace)
+        .lines()
+        .filter(|l| {
+            l.split_once("execve(\"")
+                .and_then(|(_, rest)| rest.split('"').next())
+                .is_some_and(|path| path.ends_with("/touch"))
+        })
+        .map(str::to_string)
+        .collect();
     assert!(
-        !marker.exists(),
-        "the command started after leaderrun resumed past its give-up deadline: {}",
+        execs.is_empty() && !marker.exists(),
+        "the command started after leaderrun resumed past its give-up deadline: {execs:?}: {}",
         read(&dir.file("a.log"))
     );
     assert_eq!(code, Some(75), "{}", read(&dir.file("a.log")));
@@ -621,6 +642,21 @@ fn leaderrun_frozen_before_the_fork_past_the_deadline_never_starts_the_command()
 
 // ---------------------------------------------------------------------------
 // F4
+
+/// Whether the chain still runs: a generation is added to `gens` every
+/// ~100 ms while it does (a scan of /proc alone can miss a chain whose
+/// processes live that briefly), or a marked process is still there.
+fn chain_runs(gens: &Path, mark: &str) -> bool {
+    let n = read(gens).lines().count();
+    let t0 = Instant::now();
+    while t0.elapsed() < 400 * MS {
+        if read(gens).lines().count() > n {
+            return true;
+        }
+        std::thread::sleep(10 * MS);
+    }
+    !marked(mark).is_empty()
+}
 
 /// F4: without a writable cgroup (run as nobody), the command leaves a
 /// chain behind in a session of its own in which each process forks its
@@ -636,13 +672,25 @@ fn a_fast_forking_chain_left_behind_dies_with_leaderrun_without_a_cgroup() {
     let store = embedded(&dir);
     let mark = format!("RACEMARK{}f4", std::process::id());
     let chain = dir.file("chain.sh");
-    // Each generation lives ~20 ms, then forks the next and exits; the
+    // Each generation lives ~100 ms, then forks the next and exits; the
     // marker is in every generation's argv.
-    std::fs::write(&chain, "sleep 0.02\nsh \"$0\" \"$1\" &\nexit 0\n").expect("chain");
+    let gens = dir.file("gens");
+    std::fs::write(
+        &chain,
+        format!(
+            "echo $$ >> {}\nsleep 0.1\nsh \"$0\" \"$1\" &\nexit 0\n",
+            gens.display()
+        ),
+    )
+    .expect("chain");
+    // Started from a file, so that the marker is in no argv but the
+    // chain's (not leaderrun's, not the command's).
+    let start = dir.file("start.sh");
+    std::fs::write(&start, format!("setsid sh {} {mark} &\n", chain.display())).expect("start");
     let script = format!(
-        "setsid sh {chain} {mark} & echo $$ > {p}.tmp && mv {p}.tmp {p}; \
+        "sh {start} & echo $$ > {p}.tmp && mv {p}.tmp {p}; \
          while :; do sleep 0.05; done",
-        chain = chain.display(),
+        start = start.display(),
         p = dir.file("cmd.pid").display(),
     );
     let mut c = leaderrun_unprivileged(&dir);
@@ -656,24 +704,33 @@ fn a_fast_forking_chain_left_behind_dies_with_leaderrun_without_a_cgroup() {
     clean.proc(pid_in(&dir.file("cmd.pid")));
     let w = wait_until_some("the watchdog", 5 * SEC, || watchdog_of(a.id()));
     clean.proc(w);
-    // One renewal (R = 1 s) reached the watchdog: it has had a look.
-    wait_for("a renewal", 5 * SEC, || read(&log).contains("renewed"));
-    std::thread::sleep(100 * MS);
-    assert!(!marked(&mark).is_empty(), "the chain did not start");
+    // A renewal (R = 1 s) reached the watchdog: it has had a look. Then
+    // every process of the chain it can have seen is gone, replaced by
+    // later ones, before the next renewal: a look that caught the chain's
+    // current generation would stop it by chance.
+    let renewals = || read(&log).lines().filter(|l| l.contains("renewed")).count();
+    loop {
+        let n = renewals();
+        wait_for("a renewal", 5 * SEC, || renewals() > n);
+        std::thread::sleep(100 * MS);
+        let seen = marked(&mark);
+        assert!(!seen.is_empty(), "the chain did not start: {}", read(&log));
+        wait_for("the chain to move on", 2 * SEC, || {
+            seen.iter().all(|p| !alive(*p))
+        });
+        if renewals() == n + 1 && chain_runs(&gens, &mark) {
+            break;
+        }
+    }
     let t0 = Instant::now();
     signal(a.id(), Signal::SIGKILL);
     let _ = a.wait();
     let lease = 3 * SEC;
     let gone = (|| {
         while t0.elapsed() < lease + SLACK {
-            if marked(&mark).is_empty() {
-                // Still none a moment later: not one caught mid-fork.
-                std::thread::sleep(100 * MS);
-                if marked(&mark).is_empty() {
-                    return true;
-                }
+            if !chain_runs(&gens, &mark) {
+                return true;
             }
-            std::thread::sleep(10 * MS);
         }
         false
     })();
@@ -1045,7 +1102,7 @@ fn leaderrun_killed_right_after_making_the_cgroup_leaves_no_cgroup_behind() {
     let dir = TempDir::new("race-f12");
     let cal = strs(&[
         "--store",
-        &embedded(&dir),
+        &calibration_store(&dir),
         "--name",
         "f12-cal",
         "--lease",
@@ -1086,7 +1143,20 @@ fn leaderrun_killed_right_after_making_the_cgroup_leaves_no_cgroup_behind() {
     wait_for("the command's cgroup", 10 * SEC, || {
         !leaderrun_cgroups(&cg).is_empty()
     });
-    let w = wait_until_some("the watchdog", 5 * SEC, || watchdog_of(lr_pid as u32));
+    let t0 = Instant::now();
+    let w = loop {
+        if let Some(w) = watchdog_of(lr_pid as u32) {
+            break w;
+        }
+        assert!(
+            t0.elapsed() < 5 * SEC,
+            "no watchdog for leaderrun {lr_pid}: {:?}\n{}\n{}",
+            leaderrun_cgroups(&cg),
+            read(&dir.file("a.log")),
+            read(&dir.file("f12.trace"))
+        );
+        std::thread::sleep(10 * MS);
+    };
     clean.proc(w);
     signal(lr_pid as u32, Signal::SIGKILL);
     // strace holds a killed tracee in its exit until the delay ends; gone,
