@@ -1242,9 +1242,12 @@ fn a_watchdog_that_missed_one_look_does_not_hand_the_lease_back() {
 // ---------------------------------------------------------------------------
 // F6
 
-/// F6: as PID 1 of a pid namespace (a container's entry point) leaderrun's
-/// command cgroup is `leaderrun-1`-like, and it is removed at the end of
-/// the run all the same.
+/// F6: as PID 1 of a pid namespace (a container's entry point) leaderrun
+/// names its command's cgroup after pid 1, a pid that always exists. Its
+/// cgroup is removed at the end of a run; and when the whole namespace is
+/// killed (leaderrun, its watchdog and the command at once), the cgroup left
+/// behind is swept by a later leaderrun once it is old, like any other
+/// (the existing sweep is by age: an hour-old directory is made so here).
 #[test]
 fn as_init_of_a_pid_namespace_the_commands_cgroup_is_removed_at_the_end() {
     if !is_root() {
@@ -1253,29 +1256,33 @@ fn as_init_of_a_pid_namespace_the_commands_cgroup_is_removed_at_the_end() {
     let Some(cg) = private_cgroup("f6") else {
         return;
     };
-    let _clean = Cleanup::with_cgroup(cg.clone());
+    let mut clean = Cleanup::with_cgroup(cg.clone());
     let dir = TempDir::new("race-f6");
     let probe = dir.file("cgroup");
-    let args = strs(&[
-        "--pid",
-        "--fork",
-        "--mount-proc",
-        bin(),
-        "--store",
-        &embedded(&dir),
-        "--name",
-        "f6",
-        "--lease",
-        "2s",
-        "--",
-        "sh",
-        "-c",
-        &format!(
-            "test $$ != 1 && test $PPID = 1 && cat /proc/self/cgroup > {}",
-            probe.display()
-        ),
-    ]);
-    let out = in_cgroup(&cg, "unshare", &args)
+    let in_ns = |name: &str, script: &str| {
+        strs(&[
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            bin(),
+            "--store",
+            &embedded(&dir),
+            "--name",
+            name,
+            "--lease",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+    };
+    // 1. A run to its end.
+    let script = format!(
+        "test $PPID = 1 && cat /proc/self/cgroup > {}",
+        probe.display()
+    );
+    let out = in_cgroup(&cg, "unshare", &in_ns("f6", &script))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.file("a.log")).expect("log"))
         .status()
@@ -1289,7 +1296,65 @@ fn as_init_of_a_pid_namespace_the_commands_cgroup_is_removed_at_the_end() {
     let left = leaderrun_cgroups(&cg);
     assert!(
         left.is_empty(),
-        "left behind: {left:?}: {}",
+        "left behind after the run: {left:?}: {}",
         read(&dir.file("a.log"))
+    );
+    // 2. The namespace killed whole: its PID 1 (unshare's child) gets
+    // SIGKILL, and the kernel kills everything else in it.
+    let unshare = in_cgroup(&cg, "unshare", &in_ns("f6b", &worker(&dir, "b")))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.file("b.log")).expect("log"))
+        .spawn()
+        .expect("unshare");
+    let u = unshare.id() as i32;
+    clean.children.push(unshare);
+    wait_file(&dir.file("b.pid"), 10 * SEC);
+    let init = wait_until_some("the namespace's PID 1", 5 * SEC, || {
+        children_of(u).first().copied()
+    });
+    // Its watchdog, frozen first: it would otherwise see leaderrun's end in
+    // the instant before the kernel kills it too, and remove the cgroup.
+    let w = wait_until_some("the namespace's watchdog", 5 * SEC, || {
+        read(&cg.join("cgroup.procs"))
+            .lines()
+            .filter_map(|l| l.trim().parse::<i32>().ok())
+            .find(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.split(|b| *b == 0).nth(1) == Some(&b"--be-watchdog"[..]))
+            })
+    });
+    let freezer = cg.join("freezer");
+    std::fs::create_dir(&freezer).expect("freezer cgroup");
+    cgroup_freeze(&freezer, w);
+    signal(init as u32, Signal::SIGKILL);
+    let _ = clean.children[0].wait();
+    wait_for("the namespace to die", 2 * SEC, || !populated(&freezer));
+    let _ = std::fs::remove_dir(&freezer);
+    let stale = leaderrun_cgroups(&cg);
+    assert_eq!(stale.len(), 1, "{stale:?}");
+    wait_for("the left cgroup to empty", 2 * SEC, || {
+        !populated(&stale[0])
+    });
+    // An hour old, as by the next run of a cron job.
+    let st = Command::new("touch")
+        .args(["-d", "1 hour ago"])
+        .arg(&stale[0])
+        .status()
+        .expect("touch");
+    assert!(st.success());
+    let out = in_cgroup(
+        &cg,
+        bin(),
+        &strs(&["--store", &embedded(&dir), "--name", "f6c", "--", "true"]),
+    )
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(dir.file("c.log")).expect("log"))
+    .status()
+    .expect("leaderrun");
+    assert_eq!(out.code(), Some(0), "{}", read(&dir.file("c.log")));
+    let left = leaderrun_cgroups(&cg);
+    assert!(
+        left.is_empty(),
+        "the cgroup of a killed PID-1 leaderrun, an hour old, was not swept: {left:?}"
     );
 }
