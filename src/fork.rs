@@ -129,7 +129,13 @@ pub struct Setup<'a> {
     pub keep_hup_ignored: bool,
     /// leaderrun: the child must not run on once it is gone.
     pub parent: Pid,
+    /// The give-up deadline (boot clock): not exec'd at or after it.
+    pub deadline: crate::clock::Stamp,
 }
+
+/// What the child reports, in place of an exec's errno, when it reached
+/// the exec past the give-up deadline (ETIME: no exec returns it).
+pub const PAST_DEADLINE: i32 = libc::ETIME;
 
 /// A started command: its pid, and whether it started inside the cgroup
 /// (false: no cgroup asked for, or the child failed to move into it).
@@ -222,7 +228,8 @@ pub fn spawn(prog: &Program, setup: &Setup<'_>) -> std::io::Result<Started> {
 /// # Safety
 /// Only in the child of a fork or clone3 of this process. Every call here is
 /// async-signal-safe (setpgid, write, prctl, getppid, getpid, kill, ioctl,
-/// sigaction, sigprocmask, execvpe, _exit) and nothing allocates.
+/// sigaction, sigprocmask, clock_gettime, execvpe, _exit) and nothing
+/// allocates.
 unsafe fn child(
     prog: &Program,
     argv: &[*const libc::c_char],
@@ -272,6 +279,18 @@ unsafe fn child(
     libc::sigemptyset(&mut none);
     if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
         fail(errno());
+    }
+    // The last check before the command exists: leaderrun checked the
+    // deadline before forking, but it can be frozen (or descheduled) for
+    // any time between that check and here. Past the give-up deadline the
+    // lease may already be someone else's: do not exec. clock_gettime is
+    // async-signal-safe; the comparison allocates nothing.
+    let mut ts: libc::timespec = std::mem::zeroed();
+    if libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) == 0 {
+        let now = ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128;
+        if now >= setup.deadline.as_nanos() {
+            fail(PAST_DEADLINE);
+        }
     }
     // execvpe: a file without `#!` is run with /bin/sh, as a shell would.
     libc::execvpe(prog.file.as_ptr(), argv.as_ptr(), envp.as_ptr());

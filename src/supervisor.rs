@@ -58,6 +58,10 @@ pub enum SpawnError {
     /// what is wrong, never a bare "command not found".
     #[error("cannot run {0}")]
     Interpreter(String, i32),
+    /// The give-up deadline passed between the fork and the exec: the
+    /// lease may already be someone else's, so the command never ran.
+    #[error("the give-up deadline passed before the command could start (frozen?)")]
+    PastDeadline,
 }
 
 impl SpawnError {
@@ -66,6 +70,7 @@ impl SpawnError {
             SpawnError::NotFound(_) => exit::NOT_FOUND,
             SpawnError::NotExecutable(_) => exit::NOT_EXECUTABLE,
             SpawnError::Interpreter(_, code) => *code,
+            SpawnError::PastDeadline => exit::LOST,
         }
     }
 }
@@ -94,6 +99,9 @@ pub struct Placement {
     pub keep_hup_ignored: bool,
     /// The right to send a stop's SIGTERM, shared with the watchdog.
     pub token: TermToken,
+    /// The give-up deadline on the boot clock: a child that reaches its
+    /// exec later (leaderrun was frozen around the fork) does not exec.
+    pub deadline: crate::clock::Stamp,
 }
 
 /// Find out, before any lease is taken, whether `argv[0]` can be run at all,
@@ -284,12 +292,16 @@ pub fn spawn(
         tty_fd,
         keep_hup_ignored: place.keep_hup_ignored,
         parent,
+        deadline: place.deadline,
     };
     let started = match fork::spawn(&prog, &setup) {
         Ok(s) => s,
         Err(e) => {
             if let Some(cg) = &place.cgroup {
                 cg.remove();
+            }
+            if e.raw_os_error() == Some(fork::PAST_DEADLINE) {
+                return Err(SpawnError::PastDeadline);
             }
             // ENOENT for a file that exists is its #! interpreter missing
             // (it may have changed since check_command looked).
@@ -320,7 +332,7 @@ pub fn spawn(
     // Held while it is our unreaped child: its pid is still its own.
     let mut tree = Tree::new(Some(Held::child(pid.as_raw())), cgroup, Some(Root::Me));
     tree.unreaped = true;
-    tree.skip = place.skip.map(Pid::as_raw);
+    tree.skip.set(place.skip.map(Pid::as_raw));
     tree.token = place.token;
     Ok(Child {
         pid,
@@ -356,9 +368,14 @@ impl Child {
         self.tree.cgroup.as_ref()
     }
 
+    /// The shared skip, to update while a stop borrows this child.
+    pub fn skip(&self) -> crate::tree::Skip {
+        self.tree.skip.clone()
+    }
+
     /// The watchdog was replaced: the new one is not to be swept.
     pub fn set_skip(&mut self, skip: Option<Pid>) {
-        self.tree.skip = skip.map(Pid::as_raw);
+        self.tree.skip.set(skip.map(Pid::as_raw));
     }
 
     /// Pass a signal to the command's group, as a shell passes one to a

@@ -161,10 +161,10 @@ fn cgroup2_mount() -> Option<PathBuf> {
 }
 
 /// Remove what a leaderrun killed together with its watchdog left behind
-/// (nothing else can): an empty `leaderrun-PID` beside the one about to be
-/// made, whose PID names no process here and that was made over a minute
-/// ago. The age is what makes this safe for a live leaderrun whose pid
-/// means something else here (another pid namespace under the same
+/// (nothing else can): an empty `leaderrun-PID-…` beside the one about to
+/// be made, whose PID names no process here and that was made over a
+/// minute ago. The age is what makes this safe for a live leaderrun whose
+/// pid means something else here (another pid namespace under the same
 /// cgroup): its cgroup is empty and in use only between its creation and
 /// its command's start, moments; later it holds the command (removal
 /// fails, EBUSY) or is about to be removed by its owner anyway.
@@ -179,12 +179,18 @@ fn remove_stale(parent: &Path, mine: &str) {
             .to_str()
             .filter(|n| *n != mine)
             .and_then(|n| n.strip_prefix("leaderrun-"))
+            .map(|rest| rest.split('-').next().unwrap_or(rest))
             .and_then(|p| p.parse::<i32>().ok())
             .filter(|p| *p > 0)
         else {
             continue;
         };
-        if kill(Pid::from_raw(pid), None) != Err(Errno::ESRCH) {
+        // Pid 1 is always there, so it says nothing: a leaderrun that ran
+        // as PID 1 of a pid namespace (`unshare -fp`, a container's entry
+        // point) and was killed left its cgroup named `leaderrun-1-…`, and
+        // its namespace, watchdog included, died with it. The age rule
+        // below is what keeps a live one's cgroup.
+        if pid != 1 && kill(Pid::from_raw(pid), None) != Err(Errno::ESRCH) {
             continue;
         }
         let old = e
@@ -200,30 +206,53 @@ fn remove_stale(parent: &Path, mine: &str) {
     }
 }
 
+/// 64 bits from the kernel's random pool; the boot clock where it cannot
+/// be read (then still unique among this pid's runs).
+fn nonce() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+    let n = unsafe { nix::libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == b.len() as isize {
+        u64::from_ne_bytes(b)
+    } else {
+        crate::clock::boottime_now().as_nanos() as u64
+    }
+}
+
 impl Cgroup {
-    /// Create a cgroup for the command below leaderrun's own. `None` where
-    /// there is no cgroup v2 or it is not writable (an unprivileged user
-    /// outside a delegated unit): the other mechanisms still apply.
-    pub fn create(tag: &str) -> Option<Cgroup> {
+    /// Where the command's cgroup will be, below leaderrun's own, under a
+    /// name no other run uses: `leaderrun-PID-NONCE`. Never reused: a
+    /// watchdog that acts late (it was frozen, its leaderrun long dead)
+    /// names only the cgroup of its own run, even when a later leaderrun
+    /// got the same pid (a name made of the pid alone would then be that
+    /// run's). Nothing is created yet: the watchdog is told this path
+    /// first (run/mod.rs), so that a leaderrun killed right after the
+    /// `mkdir` leaves nothing that no one would remove. `None` where there
+    /// is no cgroup v2 to use.
+    pub fn plan() -> Option<Cgroup> {
         let mount = cgroup2_mount()?;
         let own = read_small("/proc/self/cgroup")?;
         let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
         let parent = mount.join(rel.trim_start_matches('/'));
-        remove_stale(&parent, tag);
-        let dir = parent.join(tag);
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                // Left by an earlier process with this pid: reuse it only
-                // when empty.
-                let cg = Cgroup { dir: dir.clone() };
-                if cg.populated() {
-                    return None;
-                }
-            }
-            Err(_) => return None,
-        }
-        Some(Cgroup { dir })
+        let tag = format!("leaderrun-{}-{:016x}", std::process::id(), nonce());
+        remove_stale(&parent, &tag);
+        Some(Cgroup {
+            dir: parent.join(tag),
+        })
+    }
+
+    /// Make the planned directory. False where cgroup v2 is not writable
+    /// here (an unprivileged user outside a delegated unit): the other
+    /// mechanisms still apply. A directory that already exists is not
+    /// ours (the name is never reused), so it is not taken.
+    pub fn make(&self) -> bool {
+        std::fs::create_dir(&self.dir).is_ok()
+    }
+
+    /// Whether the directory exists (a planned one may never have been
+    /// made, or be gone).
+    pub fn exists(&self) -> bool {
+        self.dir.is_dir()
     }
 
     pub fn from_path(dir: PathBuf) -> Cgroup {
@@ -295,8 +324,8 @@ impl Cgroup {
         }
     }
 
-    /// Remove the directory; only an empty cgroup can go, so a failure just
-    /// leaves it for the next run with this pid to reuse.
+    /// Remove the directory; only an empty cgroup can go (a failure leaves
+    /// it to the watchdog, or to a later run's stale sweep).
     pub fn remove(&self) {
         let _ = std::fs::remove_dir(&self.dir);
     }
@@ -578,6 +607,21 @@ pub enum Root {
     Other(Held),
 }
 
+/// A pid to leave out of a tree (the watchdog), shared by every holder.
+#[derive(Debug, Clone, Default)]
+pub struct Skip(std::sync::Arc<std::sync::atomic::AtomicI32>);
+
+impl Skip {
+    pub fn get(&self) -> Option<i32> {
+        Some(self.0.load(std::sync::atomic::Ordering::Relaxed)).filter(|p| *p > 0)
+    }
+
+    pub fn set(&self, pid: Option<i32>) {
+        self.0
+            .store(pid.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// What to stop: the command (which leads its own group), its cgroup if
 /// any, every descendant of `root` but `skip` (the watchdog) while `root`
 /// lives, and processes found earlier and held by pidfd.
@@ -592,7 +636,9 @@ pub struct Tree {
     pub unreaped: bool,
     pub cgroup: Option<Cgroup>,
     pub root: Option<Root>,
-    pub skip: Option<i32>,
+    /// The watchdog's pid, left out of every walk; shared, so that a
+    /// replacement started while a stop runs is left out at once.
+    pub skip: Skip,
     /// Processes found outside a cgroup: the watchdog's last good look.
     pub held: Vec<Held>,
     pub token: TermToken,
@@ -607,7 +653,7 @@ impl Tree {
             unreaped: false,
             cgroup,
             root,
-            skip: None,
+            skip: Skip::default(),
             held: Vec::new(),
             token: TermToken::own(),
             termed: HashSet::new(),
@@ -624,10 +670,10 @@ impl Tree {
         if other.is_some_and(Held::exited) {
             return None;
         }
-        if other.is_none() && !has_other_children(self.skip) {
+        if other.is_none() && !has_other_children(self.skip.get()) {
             return Some(Vec::new());
         }
-        let found: Vec<Held> = descendants(pid, self.skip)
+        let found: Vec<Held> = descendants(pid, self.skip.get())
             .iter()
             .filter_map(|p| Held::of(p, |_| true))
             .collect();
@@ -734,6 +780,69 @@ impl Tree {
         }
     }
 
+    /// Without a cgroup, after leaderrun's death, before the SIGKILL: what
+    /// the last look held is stopped (SIGSTOP) first, so that none of it
+    /// can fork again, and what it started since that look is found among
+    /// its children while it stands still, and stopped in turn, until a
+    /// round finds nothing new. A process that forks as fast as it can
+    /// would otherwise put a new child beyond each kill (the child of a
+    /// killed parent goes to init, out of sight). Then SIGKILL to all of
+    /// them (a stopped process dies of SIGKILL without being continued).
+    /// What escaped before the look, or through a process that exited by
+    /// itself since, is beyond reach: the contract's limit without cgroups.
+    pub fn freeze_and_kill(&mut self) {
+        let mut rounds = 0;
+        loop {
+            for h in &self.held {
+                h.signal(Signal::SIGSTOP);
+            }
+            // Until each has stopped (or exited): a fork under way when the
+            // SIGSTOP came completes first, and its child must be seen.
+            let until = crate::clock::boottime_now() + std::time::Duration::from_millis(50);
+            while self.held.iter().any(|h| !h.exited() && !stopped(h.pid))
+                && crate::clock::boottime_now() < until
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let known: HashSet<(i32, u64)> = self.held.iter().map(|h| (h.pid, h.start)).collect();
+            let parents: HashSet<i32> = self
+                .held
+                .iter()
+                .filter(|h| !h.exited())
+                .map(|h| h.pid)
+                .collect();
+            let found: Vec<(i32, Held)> = proc_table()
+                .iter()
+                .filter(|p| parents.contains(&p.ppid) && !p.zombie)
+                .filter(|p| Some(p.pid) != self.skip.get() && !known.contains(&(p.pid, p.start)))
+                .filter_map(|p| Held::of(p, |_| true).map(|h| (p.ppid, h)))
+                .collect();
+            // A parent held by pidfd that still runs after the scan had its
+            // pid throughout, so the parent links read were to it; a child
+            // of one that exited meanwhile is dropped (that pid may be
+            // someone else's by now).
+            let standing: HashSet<i32> = self
+                .held
+                .iter()
+                .filter(|h| !h.exited())
+                .map(|h| h.pid)
+                .collect();
+            let new: Vec<Held> = found
+                .into_iter()
+                .filter(|(ppid, _)| standing.contains(ppid))
+                .map(|(_, h)| h)
+                .collect();
+            rounds += 1;
+            if new.is_empty() || rounds > 100 {
+                break;
+            }
+            self.held.extend(new);
+        }
+        for h in &self.held {
+            h.signal(Signal::SIGKILL);
+        }
+    }
+
     /// Whether anything that must be stopped still runs.
     pub fn alive(&self) -> bool {
         if self.cgroup.as_ref().is_some_and(Cgroup::populated) {
@@ -751,15 +860,29 @@ impl Tree {
             // not be looked up by number. With no child but the watchdog,
             // there is no descendant either, and /proc, which may list
             // thousands of processes, need not be read.
-            return has_other_children(self.skip) && self.walk().is_some_and(|w| !w.is_empty());
+            return has_other_children(self.skip.get())
+                && self.walk().is_some_and(|w| !w.is_empty());
         }
         // Not a subreaper (the prctl refused): orphans of the group went to
         // init, so the group is looked up as well.
         let mine = matches!(self.root, Some(Root::Me))
-            && has_other_children(self.skip)
+            && has_other_children(self.skip.get())
             && self.walk().is_some_and(|w| !w.is_empty());
         mine || self.leader.as_ref().is_some_and(group_runs)
     }
+}
+
+/// Whether `pid` is stopped (`T`, or `t` under a tracer).
+fn stopped(pid: i32) -> bool {
+    read_small(format!("/proc/{pid}/stat"))
+        .and_then(|s| {
+            let after = s.get(s.rfind(')')? + 1..)?;
+            after
+                .split_whitespace()
+                .next()
+                .map(|st| st == "T" || st == "t")
+        })
+        .unwrap_or(false)
 }
 
 /// Whether the group `leader` led has a member that is not a zombie (an

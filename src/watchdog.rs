@@ -86,6 +86,39 @@ fn from_ns(s: &str) -> Option<Duration> {
     Some(Duration::new(secs, (n % 1_000_000_000) as u32))
 }
 
+/// A cgroup path as one field of a line: `-` for none, else its bytes in
+/// hex. A path is whatever the hierarchy allows (spaces, newlines, any
+/// byte): split at a space, `/sys/fs/cgroup/a b/leaderrun-…` would name
+/// `/sys/fs/cgroup/a`, a stranger's cgroup, to be killed.
+fn path_field(cg: Option<&Cgroup>) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    match cg {
+        None => "-".into(),
+        Some(c) => c
+            .path()
+            .as_os_str()
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+    }
+}
+
+/// The inverse of [`path_field`]; `None` for `-` and for anything that is
+/// not whole hex bytes of an absolute path.
+fn field_path(f: &str) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    if f == "-" || f.len() % 2 != 0 {
+        return None;
+    }
+    let bytes = (0..f.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(f.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    let p = PathBuf::from(std::ffi::OsString::from_vec(bytes));
+    p.is_absolute().then_some(p)
+}
+
 fn origin_code(o: crate::store::Origin) -> &'static str {
     use crate::store::Origin::*;
     match o {
@@ -106,6 +139,19 @@ fn origin_from(s: &str) -> Option<crate::store::Origin> {
 }
 
 impl Orders {
+    /// The orders, then `state` (what leaderrun has said since: `spawning`,
+    /// `child`, `stopping`, `look`), inside one block: a watchdog says
+    /// `ready` only once it holds all of it.
+    fn encode_with(&self, state: &[String]) -> String {
+        let mut s = self.encode();
+        let end = s.len() - "end\n".len();
+        let tail = s.split_off(end);
+        for l in state {
+            s.push_str(l);
+        }
+        s + &tail
+    }
+
     fn encode(&self) -> String {
         format!(
             "{MAGIC}\nstore {}\norigin {}\nname {}\nholder {}\nepoch {}\nlease {}\nrenew {}\n\
@@ -259,13 +305,19 @@ impl Watchdog {
     /// them (at the latest until the give-up deadline, after which the
     /// command could not start anyway). An error means leaderrun must not
     /// start the command.
-    pub fn give(mut self, orders: &Orders) -> std::io::Result<Watchdog> {
+    pub fn give(self, orders: &Orders) -> std::io::Result<Watchdog> {
+        self.give_with(orders, &[])
+    }
+
+    /// [`Watchdog::give`], with what leaderrun has said since the orders
+    /// (a replacement's case) in the same block, before `ready`.
+    fn give_with(mut self, orders: &Orders, state: &[String]) -> std::io::Result<Watchdog> {
         if let Some(s) = self.starting.take() {
             self.pid = Some(s.confirm()?);
         }
         // The orders fit in the pipe's buffer; write them while the pipe is
         // still blocking, then make it non-blocking for the updates.
-        self.send_blocking(&orders.encode())?;
+        self.send_blocking(&orders.encode_with(state))?;
         self.orders = Some(orders.clone());
         if let Some(p) = &self.pipe {
             set_nonblocking(p)?;
@@ -311,14 +363,16 @@ impl Watchdog {
         let Some(theirs) = self.token.share() else {
             return Err(std::io::ErrorKind::NotFound.into());
         };
-        let mut w = Watchdog::spawn_with(&orders.name, self.token.clone(), theirs)?.give(orders)?;
-        for line in &self.said {
-            w.send(line);
-        }
-        // The first watchdog's first look comes with the first renewal,
-        // while the command has only just started; a replacement's would
-        // come an `R` into a command that may long have started others.
-        w.send("look\n");
+        // What was said goes inside the orders, so that `ready` means the
+        // replacement knows the command (a line sent after it could meet a
+        // leaderrun frozen in between). The first watchdog's first look
+        // comes with the first renewal, while the command has only just
+        // started; a replacement's would come an `R` into a command that
+        // may long have started others: it looks at once.
+        let mut state = self.said.clone();
+        state.push("look\n".into());
+        let mut w = Watchdog::spawn_with(&orders.name, self.token.clone(), theirs)?
+            .give_with(orders, &state)?;
         w.said = self.said.clone();
         Ok(w)
     }
@@ -387,8 +441,7 @@ impl Watchdog {
     /// be running: it stops the cgroup, or, without one, leaves the lease to
     /// expire rather than hand it back under a command it cannot see.
     pub fn spawning(&mut self, cgroup: Option<&Cgroup>) {
-        let cg = cgroup.map_or_else(|| "-".into(), |c| c.path().display().to_string());
-        let line = format!("spawning {cg}\n");
+        let line = format!("spawning {}\n", path_field(cgroup));
         self.send(&line);
         self.said = vec![line];
     }
@@ -397,8 +450,7 @@ impl Watchdog {
     /// so that the watchdog can tell it from a process that took the pid
     /// after it was reaped.
     pub fn child(&mut self, pid: Pid, start: u64, cgroup: Option<&Cgroup>) {
-        let cg = cgroup.map_or_else(|| "-".into(), |c| c.path().display().to_string());
-        let line = format!("child {pid} {start} {cg}\n");
+        let line = format!("child {pid} {start} {}\n", path_field(cgroup));
         self.send(&line);
         self.said = vec![line];
     }
@@ -467,7 +519,7 @@ fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
 
 /// Wait until `fd` is readable (data, end-of-file or error), for at most
 /// `limit` (None: no limit). True when it is.
-fn wait_readable(fd: &OwnedFd, limit: Option<Duration>) -> bool {
+fn wait_readable(fd: &impl AsFd, limit: Option<Duration>) -> bool {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let until = limit.map(|l| boottime_now() + l);
     loop {
@@ -495,8 +547,8 @@ fn wait_readable(fd: &OwnedFd, limit: Option<Duration>) -> bool {
 struct State {
     o: Orders,
     tree: Option<Tree>,
-    /// `spawning` was said (with the cgroup the command starts in, if any).
-    spawning: Option<Option<Cgroup>>,
+    /// `spawning` was said: a command may be running from then on.
+    spawning: bool,
     /// leaderrun, held by the pidfd it handed down; moved into the tree as
     /// its root once there is one.
     leaderrun: Option<Held>,
@@ -539,7 +591,8 @@ impl State {
     /// that cannot be taken (leaderrun is gone) leaves the last good one.
     fn look(&mut self) {
         if let Some(t) = &mut self.tree {
-            if t.cgroup.is_none() {
+            // A planned cgroup that is not there holds nothing: look.
+            if !t.cgroup.as_ref().is_some_and(Cgroup::exists) {
                 if t.look() {
                     self.missed = 0;
                 } else {
@@ -591,25 +644,38 @@ impl State {
         }
     }
 
-    fn apply(&mut self, line: &str) -> bool {
+    /// The tree to stop, made at the first `spawning` or `child`: from the
+    /// moment leaderrun may fork, its descendants (and the cgroup, once
+    /// there is one) are what the deadlines act on, even if leaderrun
+    /// freezes before it can say which process the command is.
+    fn tree_mut(&mut self) -> &mut Tree {
+        let (me, token) = (self.me, self.token.clone());
+        let root = &mut self.leaderrun;
+        self.tree.get_or_insert_with(|| {
+            let mut t = Tree::new(None, None, root.take().map(Root::Other));
+            t.skip.set(Some(me));
+            t.token = token;
+            t
+        })
+    }
+
+    /// One line from leaderrun; true on `done`. A `deadline` only notes
+    /// that a look is due: a batch of them (read after a delay) takes one.
+    fn apply(&mut self, line: &str, look: &mut bool) -> bool {
         let mut f = line.split(' ');
         match f.next() {
             Some("child") => {
                 let pid = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
                 let start = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-                let cg = f.next().filter(|c| *c != "-").map(PathBuf::from);
+                let cg = f.next().and_then(field_path).map(Cgroup::from_path);
                 if pid > 0 {
                     // Held only if the pid still names the process leaderrun
                     // started (it may have exited and been reaped since).
                     let leader = Held::leader(pid, start);
-                    let mut tree = Tree::new(
-                        leader,
-                        cg.map(Cgroup::from_path),
-                        self.leaderrun.take().map(Root::Other),
-                    );
-                    tree.skip = Some(self.me);
-                    tree.token = self.token.clone();
-                    self.tree = Some(tree);
+                    self.spawning = true;
+                    let tree = self.tree_mut();
+                    tree.leader = leader;
+                    tree.cgroup = cg;
                     // No look yet: the command has only just started, and
                     // it is in its group. The first renewal takes one.
                 }
@@ -618,13 +684,15 @@ impl State {
                 if let Some(d) = f.next().and_then(from_ns) {
                     self.o.deadline = self.o.deadline.max(d);
                 }
-                self.look();
+                *look = true;
             }
             Some("spawning") => {
-                let cg = f.next().filter(|c| *c != "-").map(PathBuf::from);
-                self.spawning = Some(cg.map(Cgroup::from_path));
+                // Said again (with `-`) when the cgroup could not be made.
+                let cg = f.next().and_then(field_path).map(Cgroup::from_path);
+                self.spawning = true;
+                self.tree_mut().cgroup = cg;
             }
-            Some("look") => self.look(),
+            Some("look") => *look = true,
             Some("stopping") => self.stopping = true,
             Some("done") => return true,
             _ => {}
@@ -635,8 +703,14 @@ impl State {
     /// Act on the lines read, in order; then, if the pipe closed, on
     /// leaderrun's death. True when the watchdog's work is over.
     fn feed(&mut self, lines: &[String], open: bool) -> bool {
-        if lines.iter().any(|l| self.apply(l)) {
-            return true;
+        let mut look = false;
+        for l in lines {
+            if self.apply(l, &mut look) {
+                return true;
+            }
+        }
+        if look {
+            self.look();
         }
         if !open {
             self.orphaned();
@@ -649,32 +723,31 @@ impl State {
     /// hand the lease back.
     fn orphaned(&mut self) {
         let expires = self.o.deadline - self.o.give_up + self.o.lease;
-        if self.tree.is_none() {
-            match self.spawning.take() {
-                // Died before starting anything: nothing to stop.
-                None => {}
-                // Died between fork and `child`: the command's cgroup is
-                // all there is to find it by.
-                Some(Some(cg)) => self.tree = Some(Tree::new(None, Some(cg), None)),
-                Some(None) => {
-                    tracing::warn!(
-                        event = "watchdog_release",
-                        epoch = self.o.epoch,
-                        "leaderrun died while starting the command; the lease is left to expire"
-                    );
-                    return;
-                }
-            }
-        }
+        let missed = self.missed;
+        let epoch = self.o.epoch;
         if let Some(tree) = &mut self.tree {
             // leaderrun's descendants have passed to init: the cgroup, the
             // group (by its leader's pidfd) and the last good look are what
             // is left to find them by.
             tree.root = None;
+            // A cgroup that was planned but is not there (leaderrun died
+            // before making it, or could not make it and its word of that
+            // was lost) proves nothing about where the command runs.
+            let cgroup_seen = tree.cgroup.as_ref().is_some_and(Cgroup::exists);
+            if tree.cgroup.is_some() && !cgroup_seen {
+                tree.cgroup = None;
+            }
+            if tree.cgroup.is_none() {
+                // Without a cgroup, what the last look held may still fork:
+                // stop it first, then what it started since (tree.rs).
+                tree.freeze_and_kill();
+            }
             tree.kill();
             // Waited for past the lease's expiry if need be (a watchdog that
             // was itself delayed acts late): the lease is then not handed
-            // back, but the cgroup, once empty, is still removed.
+            // back, but the cgroup, once empty, is still removed. Every
+            // round kills again: a member forked between a round's look and
+            // its kill is not left running.
             let give_up = expires.max(boottime_now() + Duration::from_secs(1));
             let mut gone = true;
             while tree.alive() {
@@ -683,6 +756,10 @@ impl State {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(5));
+                if tree.cgroup.is_none() {
+                    tree.freeze_and_kill();
+                }
+                tree.kill();
             }
             if let Some(cg) = &tree.cgroup {
                 cg.remove();
@@ -690,21 +767,23 @@ impl State {
             if !gone || boottime_now() >= expires {
                 tracing::warn!(
                     event = "watchdog_release",
-                    epoch = self.o.epoch,
+                    epoch,
                     "leaderrun died and the command's processes would not die in time; \
                      the lease is left to expire"
                 );
                 return;
             }
-            if tree.cgroup.is_none() && (tree.leader.is_none() || self.missed > 1) {
+            if tree.cgroup.is_none() && (tree.leader.is_none() || missed > 0) {
                 // Without a cgroup, only what the watchdog saw was stopped:
-                // with its view of the command lost, or more than the last
-                // renewal's look missed, a descendant may run on unseen.
+                // with its view of the command lost, or a renewal's look
+                // missed (the last good look is then more than `R` old), a
+                // descendant may run on unseen.
                 tracing::warn!(
                     event = "watchdog_release",
-                    epoch = self.o.epoch,
+                    epoch,
                     "leaderrun died while the watchdog could not see the command's processes \
-                     (it was delayed); what it saw was stopped, and the lease is left to expire"
+                     (it was delayed, or the command had not started); what it saw was stopped, \
+                     and the lease is left to expire"
                 );
                 return;
             }
@@ -773,23 +852,40 @@ impl State {
 /// Read what is there on fd 0 (the orders pipe) and split off whole lines
 /// into `lines`; false on end-of-file. Raw reads, not std's buffered stdin:
 /// a line held in a user-space buffer would never wake `poll`.
+///
+/// Everything already in the pipe is read before returning: a watchdog
+/// stopped (SIGSTOP) while leaderrun went on renewing wakes to a backlog
+/// of deadlines, and acting on the first of them alone would stop a
+/// command whose lease is held and renewed.
 fn read_lines(buf: &mut Vec<u8>, lines: &mut Vec<String>) -> bool {
-    let mut chunk = [0u8; 512];
+    let mut chunk = [0u8; 4096];
     // SAFETY: fd 0 is the orders pipe and stays open for the whole process.
     let stdin = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
-    let n = loop {
-        match nix::unistd::read(stdin.as_raw_fd(), &mut chunk) {
-            Ok(n) => break n,
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(_) => break 0,
+    // The pipe holds at most its buffer (64 KiB by default); the bound
+    // only keeps a writer that never stops from holding the watchdog here.
+    let mut open = true;
+    for _ in 0..64 {
+        let n = loop {
+            match nix::unistd::read(stdin.as_raw_fd(), &mut chunk) {
+                Ok(n) => break n,
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => break 0,
+            }
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        if n == 0 {
+            open = false;
+            break;
         }
-    };
-    buf.extend_from_slice(&chunk[..n]);
+        if !wait_readable(&stdin, Some(Duration::ZERO)) {
+            break;
+        }
+    }
     while let Some(i) = buf.iter().position(|&b| b == b'\n') {
         let line: Vec<u8> = buf.drain(..=i).collect();
         lines.push(String::from_utf8_lossy(&line[..i]).into_owned());
     }
-    n > 0
+    open
 }
 
 /// The watchdog process: `leaderrun --be-watchdog PID pidfd|-`, orders on
@@ -845,6 +941,16 @@ pub fn main() -> i32 {
     let Some(o) = Orders::decode(&lines[1..end]) else {
         return crate::exit::USAGE;
     };
+    // What leaderrun said before these orders were sent (a replacement's
+    // case): applied before `ready`, so that `ready` means all of it is held.
+    let state: Vec<String> = lines[1..end]
+        .iter()
+        .filter(|l| {
+            let word = l.split(' ').next().unwrap_or("");
+            matches!(word, "spawning" | "child" | "stopping" | "look")
+        })
+        .cloned()
+        .collect();
     crate::logging::init(
         o.verbose,
         o.quiet,
@@ -856,6 +962,21 @@ pub fn main() -> i32 {
     );
     crate::logging::set_context(&o.name, &o.holder);
     crate::logging::set_epoch(o.epoch);
+    let mut st = State {
+        o,
+        tree: None,
+        spawning: false,
+        leaderrun,
+        token: TermToken::from_fd(token_fd),
+        stopping: false,
+        termed: false,
+        killed: false,
+        missed: 0,
+        me: std::process::id() as i32,
+    };
+    if st.feed(&state, true) {
+        return 0;
+    }
     // The orders are decoded and held: only now may the command start. The
     // write end stays open until this process ends, which is how leaderrun
     // learns of its death.
@@ -865,18 +986,6 @@ pub fn main() -> i32 {
     if nix::unistd::write(out, READY) != Ok(READY.len()) {
         return crate::exit::USAGE;
     }
-    let mut st = State {
-        o,
-        tree: None,
-        spawning: None,
-        leaderrun,
-        token: TermToken::from_fd(token_fd),
-        stopping: false,
-        termed: false,
-        killed: false,
-        missed: 0,
-        me: std::process::id() as i32,
-    };
     if st.feed(&later, open) {
         return 0;
     }
@@ -928,6 +1037,58 @@ pub fn roundtrip(o: &Orders) -> Option<Orders> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cgroup path with a space, a newline or bytes that are not UTF-8
+    /// comes back whole; anything else than whole hex of an absolute path
+    /// names no cgroup at all.
+    #[test]
+    fn cgroup_paths_cross_the_pipe_whole() {
+        use std::os::unix::ffi::OsStrExt;
+        for raw in [
+            &b"/sys/fs/cgroup/my service.slice/leaderrun-1-ab"[..],
+            b"/sys/fs/cgroup/a\nchild 1 2 -/x",
+            b"/sys/fs/cgroup/\xff\xfe",
+        ] {
+            let cg = Cgroup::from_path(PathBuf::from(std::ffi::OsStr::from_bytes(raw)));
+            let f = path_field(Some(&cg));
+            assert!(!f.contains(' ') && !f.contains('\n'), "{f}");
+            assert_eq!(field_path(&f).as_deref(), Some(cg.path()));
+        }
+        assert_eq!(path_field(None), "-");
+        for bad in ["-", "", "2f7", "zz", "7379732f"] {
+            assert_eq!(field_path(bad), None, "{bad}");
+        }
+    }
+
+    /// A replacement's state goes inside the orders, before `end`, and the
+    /// orders still decode.
+    #[test]
+    fn state_rides_inside_the_orders() {
+        let o = Orders {
+            store: None,
+            origin: crate::store::Origin::Flag,
+            name: "x".into(),
+            holder: "h".into(),
+            epoch: 3,
+            lease: Duration::from_secs(3),
+            renew: Duration::from_secs(1),
+            give_up: Duration::from_secs(2),
+            kill_after: Duration::from_millis(500),
+            retry: Duration::from_millis(400),
+            min_hold: None,
+            acquired_at: Duration::from_secs(5),
+            deadline: Duration::from_secs(7),
+            verbose: 0,
+            quiet: false,
+            json: false,
+        };
+        let text = o.encode_with(&["child 12 34 -\n".into(), "stopping\n".into()]);
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let end = lines.iter().position(|l| l == "end").expect("end");
+        assert_eq!(end, lines.len() - 1);
+        assert_eq!(lines[end - 2..end], ["child 12 34 -", "stopping"]);
+        assert_eq!(Orders::decode(&lines[1..end]), Some(o));
+    }
 
     #[test]
     fn orders_survive_the_pipe() {

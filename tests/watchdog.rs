@@ -601,7 +601,7 @@ fn a_cgroup_left_by_a_leaderrun_killed_with_its_watchdog_is_removed_later() {
     // A fresh one, of a pid that runs nothing either: it stays.
     let mut gone = Command::new("true").spawn().expect("true");
     let _ = gone.wait();
-    let fresh = left.with_file_name(format!("leaderrun-{}", gone.id()));
+    let fresh = left.with_file_name(format!("leaderrun-{}-00000000000000ff", gone.id()));
     std::fs::create_dir(&fresh).expect("a fresh cgroup");
     let out = run(lr(&store, "st2", &[], "exit 0"));
     let (stale_stayed, fresh_stayed) = (left.exists(), fresh.exists());

@@ -5,6 +5,7 @@ use std::process::ExitStatus;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::guard::watched;
 use super::Run;
 use crate::clock::Clock;
 use crate::elector::{Lease, Lost};
@@ -22,7 +23,8 @@ impl Run {
     ) -> i32 {
         let (t, clock) = (self.t, self.clock);
         let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
-        let gone = child.sweep(&clock, kill_at).await;
+        let (w, skip) = (self.watchdog.clone(), child.skip());
+        let gone = watched(&w, skip, child.sweep(&clock, kill_at)).await;
         child.cleanup();
         self.finish_watchdog();
         let code = status_code(st);
@@ -70,7 +72,8 @@ impl Run {
         }
         let (t, clock) = (self.t, self.clock);
         let kill_at = (clock.now() + t.kill_after).min(lost.deadline + t.kill_after);
-        let (st, gone) = child.stop(&clock, kill_at, signals).await;
+        let (w, skip) = (self.watchdog.clone(), child.skip());
+        let (st, gone) = watched(&w, skip, child.stop(&clock, kill_at, signals)).await;
         child.cleanup();
         self.finish_watchdog();
         tracing::warn!(
@@ -102,7 +105,8 @@ impl Run {
         self.report.borrow_mut().lost();
         let (t, clock) = (self.t, self.clock);
         let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
-        let (st, gone) = child.stop(&clock, kill_at, signals).await;
+        let (w, skip) = (self.watchdog.clone(), child.skip());
+        let (st, gone) = watched(&w, skip, child.stop(&clock, kill_at, signals)).await;
         child.cleanup();
         self.finish_watchdog();
         if gone {
@@ -142,7 +146,8 @@ impl Run {
         // renewal's G + K, before the lease could pass on.
         let (t, clock) = (self.t, self.clock);
         let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
-        let (st, gone) = child.stop(&clock, kill_at, signals).await;
+        let (w, skip) = (self.watchdog.clone(), child.skip());
+        let (st, gone) = watched(&w, skip, child.stop(&clock, kill_at, signals)).await;
         child.cleanup();
         self.finish_watchdog();
         let released = gone && self.elector.release(lease, None).await;

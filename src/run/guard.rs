@@ -66,6 +66,31 @@ pub(super) fn replace_watchdog(w: &Rc<RefCell<Option<Watchdog>>>) -> bool {
     }
 }
 
+/// Run `stop` (a stop or a sweep of the command) while the watchdog is
+/// watched: one that dies meanwhile is replaced at once, as while the
+/// command runs, and the new one is left out of the sweep (`skip`). The
+/// stop itself goes on either way: it is never restarted, so no process
+/// gets a second SIGTERM.
+pub(super) async fn watched<T>(
+    w: &Rc<RefCell<Option<Watchdog>>>,
+    skip: crate::tree::Skip,
+    stop: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut stop => return out,
+            _ = watchdog_gone(w) => {
+                // Unreplaceable: the slot is emptied and this branch sleeps
+                // for good; leaderrun alone finishes the stop it began.
+                replace_watchdog(w);
+                skip.set(w.borrow().as_ref().and_then(Watchdog::pid).map(|p| p.as_raw()));
+            }
+        }
+    }
+}
+
 impl Run {
     /// The second guard starts before the command does: from the command's
     /// first instant, either process stops it on time (docs/contract.md §10).

@@ -337,18 +337,42 @@ impl Run {
             Some(w) => w.token(),
             None => return Err(exit::FAILURE),
         };
+        // The watchdog learns the cgroup's path before it exists: should
+        // leaderrun die from here on, the watchdog stops what runs there
+        // and removes the directory. One that cannot be made is unsaid.
+        let planned = Cgroup::plan();
+        if let Some(w) = self.watchdog.borrow_mut().as_mut() {
+            w.spawning(planned.as_ref());
+        }
+        let cgroup = match planned {
+            Some(cg) if cg.make() => Some(cg),
+            Some(_) => {
+                if let Some(w) = self.watchdog.borrow_mut().as_mut() {
+                    w.spawning(None);
+                }
+                None
+            }
+            None => None,
+        };
         let place = supervisor::Placement {
-            cgroup: Cgroup::create(&format!("leaderrun-{}", std::process::id())),
+            cgroup,
             terminal: Terminal::attached(),
             skip: self.watchdog.borrow().as_ref().and_then(Watchdog::pid),
             keep_hup_ignored: hup_ignored,
             token,
+            deadline: lease.sent + self.t.give_up,
         };
-        if let Some(w) = self.watchdog.borrow_mut().as_mut() {
-            w.spawning(place.cgroup.as_ref());
-        }
         let child = match supervisor::spawn(&self.command, file, &env, place) {
             Ok(c) => c,
+            Err(supervisor::SpawnError::PastDeadline) => {
+                tracing::warn!(
+                    event = "lost",
+                    epoch = lease.epoch,
+                    "lost lease {name} before the command started: past the give-up deadline at exec (frozen?)"
+                );
+                self.finish_watchdog();
+                return Err(exit::LOST);
+            }
             Err(e) => {
                 tracing::error!(event = "spawn_failed", "{e}");
                 self.finish_watchdog();

@@ -610,6 +610,14 @@ fn known_schemes() -> String {
 /// is named by its origin, and its scheme is shown only when it is plainly a
 /// scheme (`[a-z][a-z0-9+.-]*://`), never anything after it.
 fn parse(raw: &str, origin: Origin) -> Result<url::Url, ResolveError> {
+    // URL parsing drops tabs and newlines silently; the string itself goes
+    // on to the watchdog as one line of its orders, where a newline would
+    // end that line and begin another. No store string needs one.
+    if raw.chars().any(char::is_control) {
+        return Err(ResolveError::Usage(format!(
+            "the store string from {origin} contains a control character (a newline or tab?)"
+        )));
+    }
     let Some(scheme) = redact::plain_scheme(raw) else {
         return Err(ResolveError::Usage(format!(
             "the store string from {origin} is not a URL leaderrun understands (expected {})",

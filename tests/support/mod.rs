@@ -171,11 +171,19 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
+/// The pid a shell wrote to `path`. `echo $! > f` creates the file before
+/// it writes to it: a file that exists may still be empty for a moment.
 pub fn pid_in(path: &Path) -> i32 {
-    read(path)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("no pid in {}", path.display()))
+    let mut pid = None;
+    wait_for(
+        &format!("a pid in {}", path.display()),
+        Duration::from_secs(2),
+        || {
+            pid = read(path).trim().parse().ok();
+            pid.is_some()
+        },
+    );
+    pid.unwrap_or_else(|| panic!("no pid in {}", path.display()))
 }
 
 pub fn signal_group(pgid: u32, sig: nix::sys::signal::Signal) {
@@ -342,11 +350,18 @@ pub fn cgroup_left_by(lr: u32) -> Option<PathBuf> {
         .ok()?
         .lines()
         .find_map(|l| l.strip_prefix("0::").map(str::to_string))?;
-    let dir = PathBuf::from(format!(
-        "{mount}{}/leaderrun-{lr}",
-        ours.trim().trim_end_matches('/')
-    ));
-    dir.exists().then_some(dir)
+    let parent = PathBuf::from(format!("{mount}{}", ours.trim().trim_end_matches('/')));
+    // `leaderrun-PID-NONCE`: the nonce makes every run's name its own.
+    let prefix = format!("leaderrun-{lr}-");
+    std::fs::read_dir(&parent)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
 }
 
 pub fn wait_until_some<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
