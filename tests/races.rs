@@ -284,6 +284,9 @@ struct Cleanup {
     marks: Vec<String>,
     /// Removed last, in reverse order (made parent first).
     cgroups: Vec<PathBuf>,
+    /// leaderruns started in this process's own cgroup: the cgroup each
+    /// made is removed too (its watchdog, killed here, cannot).
+    leaderruns: Vec<u32>,
 }
 
 impl Cleanup {
@@ -296,6 +299,11 @@ impl Cleanup {
         let mut c = Cleanup::default();
         c.marks.push(mark);
         c
+    }
+    /// A leaderrun: killed, and its command's cgroup removed.
+    fn leaderrun(&mut self, pid: u32) {
+        self.proc(pid as i32);
+        self.leaderruns.push(pid);
     }
     fn proc(&mut self, pid: i32) {
         if let Some(p) = Proc::of(pid) {
@@ -320,6 +328,11 @@ impl Drop for Cleanup {
         }
         for m in &self.marks {
             kill_marked(m);
+        }
+        for lr in &self.leaderruns {
+            if let Some(cg) = cgroup_left_by(*lr) {
+                remove_cgroup_tree(&cg);
+            }
         }
         for cg in self.cgroups.iter().rev() {
             remove_cgroup_tree(cg);
@@ -438,8 +451,7 @@ fn a_thawed_watchdog_acts_on_the_latest_renewal_not_a_stale_one() {
     c.process_group(0);
     let mut clean = Cleanup::default();
     let mut a = spawn(c, &dir.file("a.log"));
-    let lr_pid = a.id() as i32;
-    clean.proc(lr_pid);
+    clean.leaderrun(a.id());
     wait_file(&dir.file("a.pid"), 10 * SEC);
     let cmd = pid_in(&dir.file("a.pid"));
     clean.proc(cmd);
@@ -775,7 +787,7 @@ fn the_watchdog_killed_during_a_stop_the_command_still_dies_by_the_kill_deadline
     );
     let mut clean = Cleanup::default();
     let mut a = spawn(lr(&store, "f5", &timing, &script), &dir.file("a.log"));
-    clean.proc(a.id() as i32);
+    clean.leaderrun(a.id());
     wait_file(&dir.file("a.pid"), 10 * SEC);
     // The pid file is written after `sent`: deadlines are bounded from it.
     let t_ref = Instant::now();
@@ -939,7 +951,7 @@ fn a_late_watchdog_never_kills_the_command_of_the_next_leaderrun_with_its_pid() 
         lr(&store, "f8a", &["--lease", "3s"], &worker(&dir, "a")),
         &dir.file("a.log"),
     );
-    clean.proc(a.id() as i32);
+    clean.leaderrun(a.id());
     wait_file(&dir.file("a.pid"), 10 * SEC);
     let a_cmd = pid_in(&dir.file("a.pid"));
     clean.proc(a_cmd);
@@ -961,7 +973,7 @@ fn a_late_watchdog_never_kills_the_command_of_the_next_leaderrun_with_its_pid() 
         eprintln!("skipped: could not get pid {a_pid} for the next leaderrun");
         return;
     };
-    clean.proc(b.id() as i32);
+    clean.leaderrun(b.id());
     wait_file(&dir.file("b.pid"), 10 * SEC);
     let b_cmd = pid_in(&dir.file("b.pid"));
     clean.proc(b_cmd);
@@ -1037,7 +1049,7 @@ fn a_replacement_watchdog_guards_the_command_before_leaderrun_replays_anything()
         &dir.file("a.log"),
     );
     let lr_pid = a.id();
-    clean.proc(lr_pid as i32);
+    clean.leaderrun(lr_pid);
     clean.children.push(a);
     wait_file(&dir.file("a.pid"), 10 * SEC);
     let cmd = pid_in(&dir.file("a.pid"));
