@@ -3,8 +3,10 @@
 //! what a user relies on when it happens. Exact timing is forced, not hoped
 //! for: `strace` holds leaderrun inside a chosen system call
 //! (`-e inject=SYSCALL:delay_enter|delay_exit=USEC:when=N`, counted per
-//! process), SIGSTOP freezes a process for as long as the test needs, and
-//! files the command writes say when it has got somewhere.
+//! process), SIGSTOP freezes a process for as long as the test needs (the
+//! cgroup freezer where the process must stay frozen across its parent's
+//! death, see [`cgroup_freeze`]), and files the command writes say when it
+//! has got somewhere.
 //!
 //! Where strace, root, cgroup v2 or `ns_last_pid` is missing, a test says so
 //! on stderr and returns. Every test removes what it started (processes,
