@@ -357,8 +357,15 @@ _leaderrun() {
     esac
 }
 
-# After `--` comes the run form's COMMAND: complete it as a command line of
-# its own (bash-completion's _command_offset), or at least as a command name.
+if [[ "${BASH_VERSINFO[0]}" -eq 4 && "${BASH_VERSINFO[1]}" -ge 4 || "${BASH_VERSINFO[0]}" -gt 4 ]]; then
+    complete -F _leaderrun -o nosort -o bashdefault -o default leaderrun
+else
+    complete -F _leaderrun -o bashdefault -o default leaderrun
+fi
+
+# leaderrun's addition to clap_complete's script above: after `--` comes the
+# run form's COMMAND, completed as a command line of its own
+# (bash-completion's _command_offset), or at least as a command name.
 _leaderrun_run_form() {
     local i
     for (( i = 1; i < COMP_CWORD; i++ )); do

@@ -7,10 +7,8 @@ function __fish_leaderrun_needs_command
     # Figure out if the current invocation already has a command.
     set -l cmd (commandline -opc)
     set -e cmd[1]
-    # An option still waiting for its value (`--log-format <TAB>`) fails to
-    # parse: that is the top level too, where the option's values are offered.
     argparse -s (__fish_leaderrun_global_optspecs) -- $cmd 2>/dev/null
-    or return 0
+    or return
     if set -q argv[1]
         # Also print the command, so this can be used to figure out what it is.
         echo $argv[1]
@@ -26,7 +24,7 @@ function __fish_leaderrun_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379…] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379...] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s n -l name -d 'Lease name: 1-128 of A-Z a-z 0-9 . _ - (not starting with - or .)' -r
@@ -47,13 +45,13 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -l wait -d 'Contend un
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l no-push -d 'Wait by polling only, without the store\'s push wake-ups (for a Postgres behind PgBouncer in transaction mode, where LISTEN does not work)'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s V -l version -d 'Print version'
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "status" -d 'Show holder, epoch and time to expiry (by the store\'s clock) of one lease or all'
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "release" -d 'Clear a lease whose holder is gone; the next holder still gets a higher epoch'
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "check" -d 'Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)'
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "init" -d 'Create the lease table, or print its SQL with --print'
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -f -a "status" -d 'Show holder, epoch and time to expiry (by the store\'s clock) of one lease or all'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -f -a "release" -d 'Clear a lease whose holder is gone; the next holder still gets a higher epoch'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -f -a "check" -d 'Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -f -a "init" -d 'Create the lease table, or print its SQL with --print'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s n -l name -d 'Only this lease' -r
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379…] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379...] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l json -d 'One JSON object per lease (an array without --name)'
@@ -62,7 +60,7 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s q -l quie
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s n -l name -d 'The lease to clear (never taken from LEADERRUN_NAME: clearing is deliberate)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l epoch -d 'Only if the lease is still at this epoch (what `status` showed)' -r
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379…] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379...] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
@@ -70,13 +68,13 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s q -l qui
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s n -l name -d 'The lease (leaderrun sets LEASE_NAME for the command it runs)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s e -l epoch -d 'The epoch it must be live at (leaderrun sets LEASE_EPOCH likewise)' -r
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379…] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379...] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s q -l quiet -d 'Only errors'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379…] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379...] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -l print -d 'Print the SQL instead of running it'
@@ -88,6 +86,16 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "check" -d 'Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "init" -d 'Create the lease table, or print its SQL with --print'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+
+# leaderrun's additions to clap_complete's script above.
+# The values of an option still waiting for one.
+function __fish_leaderrun_value_of
+    set -l cmd (commandline -opc)
+    contains -- -- $cmd; and return 1
+    contains -- $cmd[-1] $argv
+end
+complete -c leaderrun -n '__fish_leaderrun_value_of --log-format' -f -a "text\t'One line of text per event'
+json\t'One JSON object per event'"
 
 # After `--` comes the run form's COMMAND: complete it as a command line of
 # its own.

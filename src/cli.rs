@@ -1,4 +1,4 @@
-//! The command line (README, "Command line"). Scripts and tests rely on it: flags
+//! The command line (docs/guide.md, "Command line"). Scripts and tests rely on it: flags
 //! are added, never renamed.
 
 use std::ffi::OsString;
@@ -16,17 +16,190 @@ pub const USAGE: &str = "\
 leaderrun [OPTIONS] --name <NAME> -- <COMMAND> [ARGS]...
        leaderrun [--store <URL>] [-v|-q] [--log-format <FORMAT>] <SUBCOMMAND> [OPTIONS]";
 
-/// Text for the end of `--help` and for the man page.
-pub const AFTER_HELP: &str = "\
-Exit status (run form): the command's own; 128+N when it died of signal N (or leaderrun got
-signal N while waiting); 75 the lease was lost, or --max-term passed, and the command stopped;
-124 --timeout passed;
-125 leaderrun failed (store unreachable, wrong password, permission denied); 126 command (or
-its #! interpreter) not executable; 127 command (or its #! interpreter) not found; 2 usage
-error; --conflict-exit-code (default 0) when the lease is held elsewhere. 126 and 127 are
-found before the lease is taken.
-Subcommands: 0 done / live; 1 no such lease, nothing to clear, or not live at that epoch;
-125 store failure; 2 usage error.";
+/// The five durations: symbol, flag, default. The one statement of the
+/// defaults outside `timing.rs`, rendered into `--help`, the man page and
+/// checked against `Timing::resolve` by a unit test below.
+pub const TIMING_DEFAULTS: &[(&str, &str, &str)] = &[
+    ("L", "--lease", "15s"),
+    ("R", "--renew", "L/3"),
+    ("G", "--give-up", "2L/3"),
+    ("K", "--kill-after", "(L − G)/2"),
+    ("P", "--retry", "2s"),
+];
+
+/// A relation between the durations that leaderrun refuses to start without.
+#[derive(Debug, Clone, Copy)]
+pub struct Rule {
+    pub rule: &'static str,
+    pub why: &'static str,
+    /// Flags that break this rule and no other: the test that the table
+    /// and `Timing::resolve` agree runs them and expects a usage error.
+    pub broken_by: &'static [&'static str],
+}
+
+/// Every timing relation, as `--help`, the man page and the README state it.
+pub const TIMING_RULES: &[Rule] = &[
+    Rule {
+        rule: "0 < R < G",
+        why: "a renewal is due before the holder gives up",
+        broken_by: &["--renew", "10s", "--give-up", "10s"],
+    },
+    Rule {
+        rule: "G − R ≥ 100ms",
+        why: "room to retry a failed renewal several times before giving up",
+        broken_by: &["--renew", "5s", "--give-up", "5050ms"],
+    },
+    Rule {
+        rule: "G + K < L",
+        why: "the command is dead (SIGKILL sent) before the store lets a rival acquire",
+        broken_by: &["--give-up", "10s", "--kill-after", "5s"],
+    },
+    Rule {
+        rule: "P > 0",
+        why: "a waiting contender must wait between attempts",
+        broken_by: &["--wait", "--retry", "0s"],
+    },
+];
+
+/// The timing paragraph of the man page, after the defaults and the rules.
+pub const TIMING_TEXT: &[Block] = &[
+    Block::Para(
+        "The rules are checked against the lease the store will really grant (etcd grants whole \
+         seconds). The holder counts from the moment it sent its last successful renewal, on \
+         CLOCK_BOOTTIME. The store set expiry at least L after that moment, by its own clock. At \
+         sent + G the command's process group gets SIGTERM, at sent + G + K SIGKILL; since G + K < L \
+         the command is dead before any rival can acquire. A failed renewal is retried at once on a \
+         fresh connection, then every min(P, R, (G − R)/4).",
+    ),
+    Block::Para(
+        "With the defaults: renew every 5s, SIGTERM after 10s without a successful renewal, SIGKILL \
+         at 12.5s, expiry at 15s at the earliest. A waiting contender takes over within L + P of a \
+         holder's death, and within P of a clean release.",
+    ),
+];
+
+/// A piece of the man page's prose. Backticks mark code, rendered bold.
+#[derive(Debug, Clone, Copy)]
+pub enum Block {
+    Para(&'static str),
+    /// A term and its explanation.
+    Item(&'static str, &'static str),
+    /// Lines shown verbatim.
+    Example(&'static [&'static str]),
+}
+
+/// The man page's sections after EXIT STATUS and TIMING, beside the flags
+/// they explain.
+pub const MAN_SECTIONS: &[(&str, &[Block])] = &[
+    (
+        "ENVIRONMENT",
+        &[
+            Block::Item(
+                "`LEADERRUN_NAME`, `LEADERRUN_STORE`",
+                "defaults for --name and --store",
+            ),
+            Block::Item(
+                "`DATABASE_URL`",
+                "the store, when neither --store nor LEADERRUN_STORE is set",
+            ),
+            Block::Item(
+                "`LEADERRUN_STATE_DIR`, `XDG_STATE_HOME`, `HOME`",
+                "where the embedded store lives when no store is configured (see FILES)",
+            ),
+            Block::Item(
+                "`NOTIFY_SOCKET`",
+                "set by systemd for Type=notify units: leaderrun sends READY=1 and keeps STATUS= \
+                 current; the command does not inherit it",
+            ),
+            Block::Item(
+                "`LEASE_EPOCH`, `LEASE_NAME`, `LEASE_HOLDER`",
+                "set for the command: the fencing token, the lease name and this process's holder \
+                 id. `leaderrun check` reads LEASE_NAME and LEASE_EPOCH and is a usage error \
+                 without them or --name and --epoch",
+            ),
+        ],
+    ),
+    (
+        "FILES",
+        &[Block::Para(
+            "The embedded store: $LEADERRUN_STATE_DIR/leases.db; for root \
+             /var/lib/leaderrun/leases.db; otherwise $XDG_STATE_HOME/leaderrun/leases.db or \
+             ~/.local/state/leaderrun/leases.db. One host only; never on a network filesystem.",
+        )],
+    ),
+    (
+        "EXAMPLES",
+        &[
+            Block::Para("Run a nightly job at most once at a time on this host:"),
+            Block::Example(&["leaderrun --name nightly -- ./report.sh"]),
+            Block::Para(
+                "The same cron line on several hosts, sharing a Postgres; a host whose clock is a \
+                 few seconds late still skips:",
+            ),
+            Block::Example(&[
+                "0 3 * * * leaderrun --store postgres://app@db/jobs --name invoice-sweeper --min-hold 5m -- ./sweep.sh",
+            ]),
+            Block::Para("A standby systemd service: every host runs it, one leads:"),
+            Block::Example(&["ExecStart=/usr/bin/leaderrun -v --wait --name ingest -- /usr/bin/ingestd"]),
+            Block::Para("Before a step that must not run twice, from inside the command:"),
+            Block::Example(&["leaderrun check || exit 75"]),
+            Block::Para("Who holds what, and clearing a lease whose holder is gone:"),
+            Block::Example(&[
+                "leaderrun status",
+                "leaderrun release --name invoice-sweeper --epoch 41",
+            ]),
+        ],
+    ),
+];
+
+/// Text for the end of `--help`: the timing table and both exit tables.
+pub fn after_help() -> String {
+    use crate::exit::{plain, RUN_FORM, SUBCOMMANDS};
+    let mut out = String::from("Timing (durations such as 500ms, 15s, 2m):\n");
+    for (sym, flag, default) in TIMING_DEFAULTS {
+        out.push_str(&hanging(
+            &format!("{sym} {flag}"),
+            &format!("default {default}"),
+        ));
+    }
+    let rules: Vec<&str> = TIMING_RULES.iter().map(|r| r.rule).collect();
+    out.push_str(&format!("Refused unless {}.\n", rules.join(", ")));
+    for (title, table) in [
+        ("Exit status (run form):", RUN_FORM),
+        ("Exit status (subcommands):", SUBCOMMANDS),
+    ] {
+        out.push_str(&format!("\n{title}\n"));
+        for s in table {
+            out.push_str(&hanging(&plain(s.status), &plain(s.meaning)));
+        }
+    }
+    out
+}
+
+/// `term` in a column of its own, `text` wrapped beside it: clap prints
+/// after-help text as it is.
+fn hanging(term: &str, text: &str) -> String {
+    const INDENT: usize = 26;
+    const WIDTH: usize = 100;
+    let mut out = format!("  {term:<w$}", w = INDENT - 2);
+    if term.len() > INDENT - 3 {
+        out = format!("  {term}\n{:INDENT$}", "");
+    }
+    let mut col = INDENT;
+    for (i, word) in text.split_whitespace().enumerate() {
+        if i > 0 && col + 1 + word.len() > WIDTH {
+            out.push_str(&format!("\n{:INDENT$}", ""));
+            col = INDENT;
+        } else if i > 0 {
+            out.push(' ');
+            col += 1;
+        }
+        out.push_str(word);
+        col += word.len();
+    }
+    out.push('\n');
+    out
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -45,7 +218,7 @@ pub enum LogFormat {
         leaderrun takes the lease NAME, starts COMMAND with the fencing token LEASE_EPOCH in its \
         environment, renews the lease in the background, and stops COMMAND (SIGTERM, then SIGKILL \
         to its whole process group) before the lease can pass to anyone else.",
-    after_help = AFTER_HELP,
+    after_help = after_help(),
     override_usage = USAGE,
     subcommand_value_name = "SUBCOMMAND",
     subcommand_help_heading = "Subcommands",
@@ -65,7 +238,7 @@ pub struct Cli {
 /// Options every form takes.
 #[derive(Debug, Args)]
 pub struct Common {
-    /// Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379…] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]
+    /// Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379...] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]
     #[arg(
         short,
         long,
@@ -271,4 +444,41 @@ pub fn one_line_error(e: &clap::Error) -> String {
     let mut out = head.split_whitespace().collect::<Vec<_>>().join(" ");
     out.push_str(" (see leaderrun --help)");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timing::{Timing, TimingArgs};
+
+    /// The defaults in the table are the ones `Timing::resolve` fills in.
+    #[test]
+    fn the_timing_table_states_the_real_defaults() {
+        let t = Timing::resolve(TimingArgs::default()).expect("the defaults are valid");
+        let shown: Vec<(&str, &str)> = TIMING_DEFAULTS.iter().map(|(s, _, d)| (*s, *d)).collect();
+        assert_eq!(
+            shown,
+            [
+                ("L", "15s"),
+                ("R", "L/3"),
+                ("G", "2L/3"),
+                ("K", "(L − G)/2"),
+                ("P", "2s")
+            ]
+        );
+        assert_eq!(t.lease, Duration::from_secs(15));
+        assert_eq!(t.renew, t.lease / 3);
+        assert_eq!(t.give_up, t.lease * 2 / 3);
+        assert_eq!(t.kill_after, (t.lease - t.give_up) / 2);
+        assert_eq!(t.retry, Duration::from_secs(2));
+        for (_, flag, _) in TIMING_DEFAULTS {
+            let long = flag.trim_start_matches("--");
+            assert!(
+                <Cli as clap::CommandFactory>::command()
+                    .get_arguments()
+                    .any(|a| a.get_long() == Some(long)),
+                "{flag} is not a flag"
+            );
+        }
+    }
 }

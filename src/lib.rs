@@ -9,6 +9,7 @@ pub mod clock;
 pub mod elector;
 pub mod exit;
 pub mod fork;
+pub mod generate;
 pub mod json;
 pub mod logging;
 pub mod names;

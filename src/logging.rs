@@ -6,7 +6,7 @@
 //! held by whom), which is what a systemd journal wants; `-vv` adds every
 //! renewal. `-q` keeps only errors.
 //!
-//! Every line carries a stable `event` name (documented in the README);
+//! Every line carries a stable `event` name (documented in docs/guide.md);
 //! `--log-format json` writes each as one JSON object with `time`, `level`,
 //! `event`, `name`, `epoch`, `holder` and `message`.
 

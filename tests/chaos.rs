@@ -6,7 +6,7 @@
 //! checker that fails the run when the guarantees break together.
 //!
 //! CI runs a fixed seed and a random one, `LEADERRUN_CHAOS_SECONDS` each
-//! (default 40). A soak: see the README ("Guarantees").
+//! (default 40). A soak: see docs/guide.md ("Guarantees, and the evidence").
 
 use std::io::{Read, Write};
 use std::process::{Child, Stdio};

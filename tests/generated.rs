@@ -1,374 +1,43 @@
-//! The man page and shell completions are generated from the clap
-//! definitions and checked in. This test fails when they are stale; run
-//! `LEADERRUN_REGENERATE=1 cargo nextest run -E 'test(/^generated::/)'` to rewrite them.
+//! The man page and shell completions are produced by the program itself
+//! (`leaderrun --generate man|bash|zsh|fish`, src/generate.rs) and checked
+//! in for packaging. These tests fail when the checked-in copies are stale;
+//! `LEADERRUN_REGENERATE=1 cargo nextest run -E 'test(/^generated::/)'`
+//! rewrites them. They also check that the exit statuses and timing rules
+//! in the code (src/exit.rs, src/cli.rs) are what --help, the man page and
+//! the README say.
 
 use std::path::{Path, PathBuf};
 
-use clap::CommandFactory;
-use clap_complete::Shell;
-use leaderrun::cli::Cli;
-
-const EXTRA: &str = r#".SH "EXIT STATUS"
-Run form:
-.TP
-\fIthe command's own\fR
-the command ran and exited
-.TP
-\fB128+N\fR
-the command died of signal N (or leaderrun got signal N while still waiting)
-.TP
-\fB75\fR
-the lease was lost while the command ran; the command was stopped
-.TP
-\fB124\fR
-\-\-timeout passed without leading
-.TP
-\fB125\fR
-leaderrun's own failure: store unreachable, wrong password, permission denied
-.TP
-\fB126\fR
-the command, or the interpreter on its #! line, is not executable
-.TP
-\fB127\fR
-the command, or the interpreter on its #! line, was not found (both checked before the lease is
-taken)
-.TP
-\fB2\fR
-usage error: bad flag, duration, lease name, store URL or timing relation
-.TP
-\fB\-\-conflict\-exit\-code\fR (default 0)
-try\-once found the lease held elsewhere
-.PP
-Subcommands: \fB0\fR done (status read, lease released, lease live at that epoch, table ready);
-\fB1\fR no such lease, nothing to release, or not live at that epoch; \fB125\fR store failure;
-\fB2\fR usage error.
-.SH TIMING
-L lease, R renew, G give\-up, K kill\-after, P retry. Defaults: L = 15s, R = L/3, G = 2L/3,
-K = (L \- G)/2, P = 2s. leaderrun refuses to start unless 0 < R < G, G + K < L and P > 0.
-.PP
-The holder counts from the moment it \fIsent\fR its last successful renewal, on CLOCK_BOOTTIME.
-The store set expiry at least L after that moment, by its own clock. At sent + G the command's
-process group gets SIGTERM, at sent + G + K SIGKILL; since G + K < L the command is dead before
-any rival can acquire. With the defaults: renew every 5s, SIGTERM after 10s without a successful
-renewal, SIGKILL at 12.5s, expiry at 15s at the earliest. A waiting contender takes over within
-L + P of a holder's death, and within P of a clean release.
-.SH ENVIRONMENT
-.TP
-\fBLEADERRUN_NAME\fR, \fBLEADERRUN_STORE\fR
-defaults for \-\-name and \-\-store
-.TP
-\fBDATABASE_URL\fR
-the store, when neither \-\-store nor LEADERRUN_STORE is set
-.TP
-\fBLEADERRUN_STATE_DIR\fR, \fBXDG_STATE_HOME\fR, \fBHOME\fR
-where the embedded store lives when no store is configured (see FILES)
-.TP
-\fBNOTIFY_SOCKET\fR
-set by systemd for Type=notify units: leaderrun sends READY=1 and keeps STATUS= current; the
-command does not inherit it
-.TP
-\fBLEASE_EPOCH\fR, \fBLEASE_NAME\fR, \fBLEASE_HOLDER\fR
-set for the command: the fencing token, the lease name and this process's holder id.
-\fBleaderrun check\fR reads LEASE_NAME and LEASE_EPOCH
-.SH FILES
-The embedded store: \fI$LEADERRUN_STATE_DIR/leases.db\fR; for root
-\fI/var/lib/leaderrun/leases.db\fR; otherwise \fI$XDG_STATE_HOME/leaderrun/leases.db\fR or
-\fI~/.local/state/leaderrun/leases.db\fR. One host only; never on a network filesystem.
-.SH EXAMPLES
-Run a nightly job at most once at a time on this host:
-.PP
-.RS
-leaderrun \-\-name nightly \-\- ./report.sh
-.RE
-.PP
-The same cron line on several hosts, sharing a Postgres; a host whose clock is a few seconds late
-still skips:
-.PP
-.RS
-0 3 * * * leaderrun \-\-store postgres://app@db/jobs \-\-name invoice\-sweeper \-\-min\-hold 5m \-\- ./sweep.sh
-.RE
-.PP
-A standby systemd service: every host runs it, one leads:
-.PP
-.RS
-ExecStart=/usr/bin/leaderrun \-v \-\-wait \-\-name ingest \-\- /usr/bin/ingestd
-.RE
-.PP
-Before a step that must not run twice, from inside the command:
-.PP
-.RS
-leaderrun check || exit 75
-.RE
-.PP
-Who holds what, and clearing a lease whose holder is gone:
-.PP
-.RS
-leaderrun status
-.br
-leaderrun release \-\-name invoice\-sweeper \-\-epoch 41
-.RE
-"#;
-
-const SYNOPSIS: &str = r#".SH SYNOPSIS
-.B leaderrun
-[\fIOPTIONS\fR] \fB\-\-name\fR \fINAME\fR \fB\-\-\fR \fICOMMAND\fR [\fIARGS\fR...]
-.br
-.B leaderrun
-[\fB\-\-store\fR \fIURL\fR] [\fB\-v\fR|\fB\-q\fR] [\fB\-\-log\-format\fR \fIFORMAT\fR] \fBstatus\fR|\fBrelease\fR|\fBcheck\fR|\fBinit\fR [\fIOPTIONS\fR]
-"#;
-
-/// Text for roff: backslashes and hyphens escaped, no line starting with a
-/// control character.
-fn roff(s: &str) -> String {
-    let t = s.replace('\\', "\\e").replace('-', "\\-");
-    if t.starts_with(['.', '\'']) {
-        format!("\\&{t}")
-    } else {
-        t
-    }
-}
-
-/// One `.SS` per subcommand with its own options (the common ones are
-/// under OPTIONS above).
-fn subcommands() -> String {
-    let cmd = Cli::command();
-    let mut out = String::from(".SH SUBCOMMANDS\nThe common options (\\fB\\-\\-store\\fR, \\fB\\-v\\fR, \\fB\\-q\\fR, \\fB\\-\\-log\\-format\\fR) may come before or after the subcommand.\n");
-    for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
-        let own: Vec<&clap::Arg> = sub
-            .get_arguments()
-            .filter(|a| !a.is_global_set() && a.get_id() != "help" && !a.is_hide_set())
-            .collect();
-        let mut head = format!("leaderrun \\fB{}\\fR", sub.get_name());
-        for a in &own {
-            let long = a.get_long().unwrap_or_default();
-            let value = match a.get_action().takes_values() {
-                true => format!(
-                    " \\fI{}\\fR",
-                    a.get_value_names()
-                        .and_then(|v| v.first())
-                        .map_or("VALUE".into(), |v| v.to_string())
-                ),
-                false => String::new(),
-            };
-            let flag = format!("\\fB\\-\\-{}\\fR{value}", roff(long));
-            if a.is_required_set() && a.get_env().is_none() {
-                head.push_str(&format!(" {flag}"));
-            } else {
-                head.push_str(&format!(" [{flag}]"));
-            }
-        }
-        out.push_str(&format!(".SS \"{head}\"\n"));
-        let about = sub
-            .get_long_about()
-            .or(sub.get_about())
-            .map(|a| a.to_string())
-            .unwrap_or_default();
-        out.push_str(&format!("{}\n", roff(&about)));
-        for a in &own {
-            let long = a.get_long().unwrap_or_default();
-            let short = a
-                .get_short()
-                .map(|c| format!("\\fB\\-{c}\\fR, "))
-                .unwrap_or_default();
-            let value = match a.get_action().takes_values() {
-                true => format!(
-                    " \\fI{}\\fR",
-                    a.get_value_names()
-                        .and_then(|v| v.first())
-                        .map_or("VALUE".into(), |v| v.to_string())
-                ),
-                false => String::new(),
-            };
-            out.push_str(&format!(
-                ".TP\n{short}\\fB\\-\\-{}\\fR{value}\n",
-                roff(long)
-            ));
-            let help = a
-                .get_long_help()
-                .or(a.get_help())
-                .map(|h| h.to_string())
-                .unwrap_or_default();
-            out.push_str(&roff(&help));
-            if let Some(env) = a.get_env() {
-                out.push_str(&format!(" [env: \\fB{}\\fR]", roff(&env.to_string_lossy())));
-            }
-            out.push('\n');
-        }
-    }
-    out
-}
+use crate::support::{leaderrun, run, TempDir};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn man_page() -> Vec<u8> {
-    let man = clap_mangen::Man::new(Cli::command())
-        .date("")
-        .manual("leaderrun manual");
-    let mut out = Vec::new();
-    man.render_title(&mut out).unwrap();
-    man.render_name_section(&mut out).unwrap();
-    // clap_mangen's synopsis has no `--` and reads COMMAND as a subcommand,
-    // and its subcommand section points at leaderrun-status(1) and others,
-    // which are not shipped: both are written here, from the same clap
-    // definitions, and the subcommands' options are documented in this page.
-    out.extend_from_slice(SYNOPSIS.as_bytes());
-    man.render_description_section(&mut out).unwrap();
-    man.render_options_section(&mut out).unwrap();
-    out.extend_from_slice(subcommands().as_bytes());
-    out.extend_from_slice(EXTRA.as_bytes());
-    man.render_version_section(&mut out).unwrap();
-    out
-}
-
-fn completion(shell: Shell) -> Vec<u8> {
-    // The run form's COMMAND is left out of what clap generates: as a
-    // positional it would claim the first word (`leaderrun st<TAB>` offered
-    // files, not `status`) and everything after it. What follows `--` is
-    // completed by the wrappers below instead, as a command line of its own.
-    let mut cmd = Cli::command().mut_arg("command", |a| a.hide(true));
-    let mut out = Vec::new();
-    clap_complete::generate(shell, &mut cmd, "leaderrun", &mut out);
-    let text = String::from_utf8(out).expect("UTF-8");
-    let text = match shell {
-        Shell::Bash => {
-            let text = edit(&text, BASH_FROM, BASH_TO);
-            // Two `complete` lines, one per bash version.
-            let text = edit(
-                &text,
-                "complete -F _leaderrun ",
-                "complete -F _leaderrun_run_form ",
-            );
-            edit(
-                &text,
-                "complete -F _leaderrun ",
-                "complete -F _leaderrun_run_form ",
-            )
-        }
-        Shell::Zsh => {
-            // clap_complete's zsh output keeps hidden positionals: drop the
-            // COMMAND spec, so the subcommand is the first word again.
-            let text = edit(
-                &text,
-                "':command -- The command and its arguments, run directly (no shell):_default' \\\n",
-                "",
-            );
-            let text = edit(&text, "words=($line[2] ", "words=($line[1] ");
-            let text = edit(
-                &text,
-                "leaderrun-command-$line[2]:",
-                "leaderrun-command-$line[1]:",
-            );
-            let text = edit(&text, "case $line[2] in", "case $line[1] in");
-            edit(&text, ZSH_FROM, ZSH_TO)
-        }
-        Shell::Fish => edit(&edit(&text, FISH_FROM, FISH_TO), "", FISH_ADD),
-        _ => text,
-    };
-    text.into_bytes()
-}
-
-/// Replace `from` (which must be there: a new clap_complete that changed
-/// its output must not silently lose the edit), or append when empty.
-fn edit(text: &str, from: &str, to: &str) -> String {
-    if from.is_empty() {
-        return format!("{text}{to}");
-    }
+/// What the binary itself prints for `--generate KIND`.
+fn generate(kind: &str) -> Vec<u8> {
+    let out = leaderrun()
+        .args(["--generate", kind])
+        .output()
+        .expect("run leaderrun");
     assert!(
-        text.contains(from),
-        "clap_complete's output changed; update the edit of {from:?}"
+        out.status.success(),
+        "--generate {kind}: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    text.replacen(from, to, 1)
+    out.stdout
 }
 
-const BASH_FROM: &str = "if [[ \"${BASH_VERSINFO[0]}\" -eq 4";
-const BASH_TO: &str = r#"# After `--` comes the run form's COMMAND: complete it as a command line of
-# its own (bash-completion's _command_offset), or at least as a command name.
-_leaderrun_run_form() {
-    local i
-    for (( i = 1; i < COMP_CWORD; i++ )); do
-        if [[ ${COMP_WORDS[i]} == -- ]]; then
-            if declare -F _command_offset >/dev/null; then
-                _command_offset $((i + 1))
-            elif (( COMP_CWORD == i + 1 )); then
-                mapfile -t COMPREPLY < <(compgen -c -- "${COMP_WORDS[COMP_CWORD]}")
-            else
-                mapfile -t COMPREPLY < <(compgen -f -- "${COMP_WORDS[COMP_CWORD]}")
-            fi
-            return 0
-        fi
-    done
-    _leaderrun "$@"
+fn man_page() -> Vec<u8> {
+    generate("man")
 }
-
-if [[ "${BASH_VERSINFO[0]}" -eq 4"#;
-
-const ZSH_FROM: &str = r#"if [ "$funcstack[1]" = "_leaderrun" ]; then
-    _leaderrun "$@"
-else
-    compdef _leaderrun leaderrun
-fi"#;
-const ZSH_TO: &str = r#"# After `--` comes the run form's COMMAND: complete it as a command line of
-# its own, as for `nice` or `sudo`.
-(( $+functions[_leaderrun_run_form] )) ||
-_leaderrun_run_form() {
-    local i=${words[(i)--]}
-    if (( i < CURRENT )); then
-        shift $i words
-        (( CURRENT -= i ))
-        _normal
-        return
-    fi
-    _leaderrun "$@"
-}
-
-if [ "$funcstack[1]" = "_leaderrun" ]; then
-    _leaderrun_run_form "$@"
-else
-    compdef _leaderrun_run_form leaderrun
-fi"#;
-
-const FISH_FROM: &str = "    argparse -s (__fish_leaderrun_global_optspecs) -- $cmd 2>/dev/null
-    or return
-";
-const FISH_TO: &str = "    # An option still waiting for its value (`--log-format <TAB>`) fails to
-    # parse: that is the top level too, where the option's values are offered.
-    argparse -s (__fish_leaderrun_global_optspecs) -- $cmd 2>/dev/null
-    or return 0
-";
-const FISH_ADD: &str = r#"
-# After `--` comes the run form's COMMAND: complete it as a command line of
-# its own.
-function __fish_leaderrun_after_dashdash
-    contains -- -- (commandline -opc)
-end
-
-function __fish_leaderrun_complete_command
-    set -l cmd (commandline -opc)
-    set -l i (contains -i -- -- $cmd)
-    set -l rest $cmd[(math $i + 1)..-1]
-    complete -C (string join ' ' -- (string escape -- $rest) (commandline -ct))
-end
-
-complete -c leaderrun -n __fish_leaderrun_after_dashdash -f -a '(__fish_leaderrun_complete_command)'
-"#;
 
 fn generated() -> Vec<(PathBuf, Vec<u8>)> {
     vec![
-        (root().join("man/leaderrun.1"), man_page()),
-        (
-            root().join("completions/leaderrun.bash"),
-            completion(Shell::Bash),
-        ),
-        (
-            root().join("completions/_leaderrun"),
-            completion(Shell::Zsh),
-        ),
-        (
-            root().join("completions/leaderrun.fish"),
-            completion(Shell::Fish),
-        ),
+        (root().join("man/leaderrun.1"), generate("man")),
+        (root().join("completions/leaderrun.bash"), generate("bash")),
+        (root().join("completions/_leaderrun"), generate("zsh")),
+        (root().join("completions/leaderrun.fish"), generate("fish")),
     ]
 }
 
@@ -388,6 +57,31 @@ fn man_page_and_completions_are_current() {
         stale.is_empty(),
         "stale: {stale:?}; run LEADERRUN_REGENERATE=1 cargo nextest run -E 'test(/^generated::/)' and commit the result"
     );
+}
+
+#[test]
+fn generate_refuses_what_it_cannot_make() {
+    for args in [
+        &["--generate"][..],
+        &["--generate", "tcsh"],
+        &["--generate", "man", "x"],
+    ] {
+        let r = run({
+            let mut c = leaderrun();
+            c.args(args);
+            c
+        });
+        assert_eq!(r.code, Some(2), "{args:?}: {}", r.stderr);
+        assert!(r.stderr.contains("man, bash, zsh, fish"), "{}", r.stderr);
+        assert!(r.stdout.is_empty());
+    }
+    // Hidden: --help does not offer it.
+    let r = run({
+        let mut c = leaderrun();
+        c.arg("--help");
+        c
+    });
+    assert!(!r.stdout.contains("--generate"), "{}", r.stdout);
 }
 
 #[test]
@@ -412,16 +106,30 @@ fn the_man_page_documents_what_users_look_up() {
     }
     // Only this page is shipped: no pointer to leaderrun-status(1) or any
     // other page of ours.
-    assert!(
-        !page.contains("leaderrun\\-status(1)"),
-        "refers to unshipped pages"
-    );
     assert!(!page.contains("leaderrun\\-"), "refers to unshipped pages");
+    // Plain ASCII: every other sign is spelled as groff names it.
+    assert!(page.is_ascii(), "non-ASCII in the man page");
 }
 
 /// The page renders, through man(1) and groff, without a single warning.
 #[test]
 fn man_renders_without_warnings() {
+    let text = rendered_man();
+    for want in [
+        "--name NAME -- COMMAND",
+        "leaderrun status [--name NAME] [--json]",
+        "leaderrun init [--print]",
+        // `check` without LEASE_NAME and LEASE_EPOCH is a usage error: both
+        // are shown as required, with where else they may come from.
+        "leaderrun check --name NAME --epoch EPOCH",
+        "required, from the command line or LEASE_EPOCH",
+    ] {
+        assert!(text.contains(want), "rendered page lacks {want:?}:\n{text}");
+    }
+}
+
+/// The man page as man(1) shows it, words only.
+fn rendered_man() -> String {
     let out = std::process::Command::new("man")
         .args(["--warnings", "-l"])
         .arg(root().join("man/leaderrun.1"))
@@ -434,17 +142,139 @@ fn man_renders_without_warnings() {
     assert!(out.status.success(), "{err}");
     assert!(err.trim().is_empty(), "warnings: {err}");
     // man may hyphenate or embolden; compare the words only.
-    let text: String = String::from_utf8_lossy(&out.stdout)
-        .replace(['\u{2010}', '\u{2212}'], "-")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
-    for want in [
-        "--name NAME -- COMMAND",
-        "leaderrun status [--name NAME] [--json]",
-        "leaderrun init [--print]",
+    ascii(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Words only, with the signs man may render in Unicode (or not, by the
+/// locale) spelled in ASCII, for comparing rendered text with the source.
+fn ascii(s: &str) -> String {
+    words(
+        &s.replace(['\u{2010}', '\u{2212}'], "-")
+            .replace('\u{2265}', ">=")
+            .replace(['\u{2018}', '\u{2019}'], "'"),
+    )
+}
+
+fn words(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The README's table that follows `heading`: (status, meaning) per row.
+fn readme_table(readme: &str, heading: &str) -> Vec<(String, String)> {
+    let rest = readme
+        .split_once(heading)
+        .unwrap_or_else(|| panic!("README has no {heading:?}"))
+        .1;
+    rest.lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').splitn(2, '|').collect();
+            (
+                cells[0].trim().to_string(),
+                cells.get(1).map_or("", |c| c.trim()).to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every exit status in the code's tables is in the README's exit tables
+/// with the same meaning, in the same order, and in --help and the man page.
+#[test]
+fn exit_statuses_are_one_table_everywhere() {
+    use leaderrun::exit::{plain, RUN_FORM, SUBCOMMANDS};
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let help = words(
+        &run({
+            let mut c = leaderrun();
+            c.arg("--help");
+            c
+        })
+        .stdout,
+    );
+    let man = rendered_man();
+    for (heading, table) in [
+        ("Exit status of the run form", RUN_FORM),
+        ("Exit status of the subcommands", SUBCOMMANDS),
     ] {
-        assert!(text.contains(want), "rendered page lacks {want:?}:\n{text}");
+        let rows = readme_table(&readme, heading);
+        let want: Vec<(String, String)> = table
+            .iter()
+            .map(|s| (s.status.to_string(), s.meaning.to_string()))
+            .collect();
+        assert_eq!(rows, want, "README's {heading:?} differs from src/exit.rs");
+        for s in table {
+            let line = words(&format!("{} {}", plain(s.status), plain(s.meaning)));
+            assert!(help.contains(&line), "--help lacks {line:?}:\n{help}");
+            assert!(
+                man.contains(&ascii(&line)),
+                "the man page lacks {line:?}:\n{man}"
+            );
+        }
+    }
+}
+
+/// Every timing rule in the code's table is stated by --help, the man page
+/// and the README, and is one that leaderrun enforces: flags that break it
+/// are a usage error naming the flags.
+#[test]
+fn timing_rules_are_one_table_everywhere() {
+    use leaderrun::cli::{TIMING_DEFAULTS, TIMING_RULES};
+    let readme = words(&std::fs::read_to_string(root().join("README.md")).unwrap());
+    let help = words(
+        &run({
+            let mut c = leaderrun();
+            c.arg("--help");
+            c
+        })
+        .stdout,
+    );
+    let man = rendered_man();
+    let dir = TempDir::new("timing-rules");
+    let store = format!("sqlite://{}", dir.file("leases.db").display());
+    for r in TIMING_RULES {
+        assert!(readme.contains(r.rule), "README lacks the rule {}", r.rule);
+        assert!(help.contains(r.rule), "--help lacks the rule {}", r.rule);
+        assert!(
+            man.contains(&ascii(r.rule)),
+            "the man page lacks the rule {}",
+            r.rule
+        );
+        let out = run({
+            let mut c = leaderrun();
+            c.args(["--store", &store, "--name", "rules"])
+                .args(r.broken_by)
+                .args(["--", "true"]);
+            c
+        });
+        assert_eq!(
+            out.code,
+            Some(2),
+            "{}: {:?} {}",
+            r.rule,
+            r.broken_by,
+            out.stderr
+        );
+        let named = r
+            .broken_by
+            .iter()
+            .filter(|a| a.starts_with("--") && **a != "--wait");
+        for flag in named {
+            assert!(out.stderr.contains(flag), "{}: {}", r.rule, out.stderr);
+        }
+    }
+    for (sym, flag, default) in TIMING_DEFAULTS {
+        let line = format!("{sym} = {default}");
+        assert!(readme.contains(&line), "README lacks {line:?}");
+        assert!(
+            man.contains(&ascii(&format!("{sym} {flag} (default {default})"))),
+            "man: {flag}"
+        );
+        assert!(
+            help.contains(&format!("{sym} {flag} default {default}")),
+            "--help: {flag}"
+        );
     }
 }
 

@@ -66,7 +66,8 @@ fn common_flags_may_precede_a_subcommand() {
     assert_eq!(r.stderr.trim_end().lines().count(), 1, "{}", r.stderr);
 }
 
-/// The idiom from the README, inside a job: `check` with the store before it.
+/// The idiom from the README and the guide, inside a job: `check` with the
+/// store before it.
 #[test]
 fn check_with_the_store_first_works_inside_a_job() {
     let dir = TempDir::new("check-first");

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The benchmark behind every figure the README quotes. One command:
+"""The benchmark behind every figure the docs quote. One command:
 
     python3 tests/bench/run.py [--runs N] [--stores embedded,postgres,redis,etcd] [--no-build]
 
 It builds the release binary, starts throwaway servers (Postgres, Redis, etcd)
 on free ports in a temp dir, as the tests do (never the shared services on the
 standard ports), measures, and writes docs/benchmarks.md and the table between
-the `bench` markers in README.md. Every figure is a median and a worst case
+the `bench` markers in docs/performance.md. Every figure is a median and a worst case
 over the stated number of runs, measured side by side in the same run:
 
 1. start to exit of `leaderrun -- true` (lease free: acquire, start the
@@ -344,7 +344,7 @@ def main():
     ap.add_argument("--stores", default="embedded,postgres,redis,etcd")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
-    ap.add_argument("--no-readme", action="store_true", help="leave README.md alone")
+    ap.add_argument("--no-readme", action="store_true", help="leave docs/performance.md alone")
     o = ap.parse_args()
     if not o.no_build:
         subprocess.run(["cargo", "build", "--release", "--bin", "leaderrun"], cwd=ROOT, check=True)
@@ -424,7 +424,7 @@ of samples every 20 ms since the start (peak); VmHWM is the kernel's peak RSS.
     open(o.out, "w").write(doc)
     print(doc)
     if not o.no_readme:
-        readme = os.path.join(ROOT, "README.md")
+        readme = os.path.join(ROOT, "docs", "performance.md")
         text = open(readme).read()
         block = (f"<!-- bench:start (written by tests/bench/run.py) -->\n{head}\n\n"
                  + "\n".join(main_table) + "\n\nStart to exit of `leaderrun … -- true` with the lease free, "
