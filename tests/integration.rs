@@ -25,6 +25,7 @@ mod init_and_read_only;
 mod mysql_semisync;
 mod pgbouncer;
 mod polish;
+mod races;
 mod run_cli;
 mod stops;
 mod store_etcd;
