@@ -452,12 +452,18 @@ fn losing_quorum_stops_the_holder_and_leading_resumes_after() {
 
     let holder = &out.runs[0];
     let stopped = holder.times.last().expect("a line").saturating_sub(start);
-    let during: Vec<&Run> = out.runs[1..].iter().filter(|r| r.times[0] < heal).collect();
+    // Quorum is back as soon as the first restarted member has joined,
+    // which can be well before the harness sees the cluster healthy
+    // (`heal`): a command may rightly start in between. Nothing may start
+    // before the restarts begin (`lost`), and leading resumes counted from
+    // `heal` (0 when it came before the harness saw it).
+    let during: Vec<&Run> = out.runs[1..].iter().filter(|r| r.times[0] < lost).collect();
     let resumed = out
         .runs
         .iter()
-        .find(|r| r.times[0] >= heal)
-        .map(|r| r.times[0] - heal);
+        .skip(1)
+        .find(|r| r.times[0] >= lost)
+        .map(|r| r.times[0].saturating_sub(heal));
     let bound =
         Duration::from_millis(election_ms()) * 3 + LEASE + Duration::from_millis(500) + RETRY;
     eprintln!(
