@@ -652,3 +652,81 @@ async fn store_recovered_follows_an_outage_that_ends_in_acquiring() {
         "{log}"
     );
 }
+
+/// The reason a stop names in the log is the one that happened, with the
+/// lateness in whole milliseconds.
+#[test]
+fn loss_reasons_read_as_what_happened() {
+    assert_eq!(
+        LossReason::GaveUp.to_string(),
+        "no renewal succeeded before the give-up deadline"
+    );
+    assert_eq!(
+        LossReason::WokeLate(Duration::from_micros(5_250_700)).to_string(),
+        "woke up 5s 250ms past the give-up deadline (frozen or suspended)"
+    );
+    assert_eq!(
+        LossReason::Superseded.to_string(),
+        "the renewal matched nothing: another holder has the lease"
+    );
+}
+
+/// What an observer (systemd's status line, the metrics) was told, in order.
+#[derive(Clone, Default)]
+struct Seen(Rc<RefCell<Vec<String>>>);
+
+impl Observer for Seen {
+    fn waiting(&mut self, held: Option<&LeaseInfo>) {
+        let who = held.and_then(|h| h.holder.clone());
+        self.0.borrow_mut().push(format!("waiting {who:?}"));
+    }
+    fn renewed(&mut self, lease: &Lease) {
+        let line = format!("renewed {} sent {:?}", lease.epoch, lease.sent);
+        self.0.borrow_mut().push(line);
+    }
+    fn renew_failed(&mut self, epoch: i64) {
+        self.0.borrow_mut().push(format!("renew failed {epoch}"));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_observer_hears_every_renewal_and_every_failure() {
+    let mut script = Script::default();
+    script.renew.push_back((ms(10), unavailable()));
+    script.renew.push_back((ms(10), Some(Ok(true))));
+    let (mut e, _) = elector(script);
+    let seen = Seen::default();
+    e.observe(Box::new(seen.clone()));
+    let mut lease = lease_at(e.clock().now());
+    let r = tokio::time::timeout(ms(2500), e.hold(&mut lease)).await;
+    assert!(r.is_err(), "{r:?}");
+    assert_eq!(
+        *seen.0.borrow(),
+        vec![
+            "renew failed 1".to_string(),
+            format!("renewed 1 sent {:?}", ms(1010)),
+            format!("renewed 1 sent {:?}", ms(2010)),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_observer_hears_who_holds_the_lease_while_waiting() {
+    let mut script = Script {
+        held: held_for(700),
+        ..Default::default()
+    };
+    script.acquire.push_back((ms(0), Some(Ok(None))));
+    script.acquire.push_back((ms(0), Some(Ok(Some(2)))));
+    let (mut e, _) = elector(script);
+    e.timing = slow_poll();
+    let seen = Seen::default();
+    e.observe(Box::new(seen.clone()));
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let w = e.wait_for_lease(true, None, &mut rx).await;
+    assert!(matches!(w, Waited::Acquired(_)), "{w:?}");
+    assert_eq!(
+        *seen.0.borrow(),
+        vec![r#"waiting Some("other")"#.to_string()]
+    );
+}
