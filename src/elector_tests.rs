@@ -37,6 +37,13 @@ struct Script {
     release: VecDeque<Step<bool>>,
     /// What `inspect` answers (None: no such lease).
     held: Option<LeaseInfo>,
+    /// From this time on, `inspect` answers this instead of `held`.
+    rival_at: Option<(Stamp, LeaseInfo)>,
+    /// `inspect` never answers.
+    inspect_hangs: bool,
+    /// The process freezes for this long while the next acquire or renew
+    /// is in flight (see [`freeze`]).
+    freeze: Option<Duration>,
     /// (what, when) for every call that reached the store.
     calls: Vec<(&'static str, Stamp)>,
 }
@@ -57,6 +64,18 @@ impl Fake {
             .map(|c| c.1)
             .collect()
     }
+}
+
+/// Move the paused clock on at once, inside the store call: the process
+/// was frozen (SIGSTOP, a VM pause) while the call was in flight, and on
+/// waking its answer is read in the same poll, before any timer has been
+/// looked at again. (The first poll of `advance` moves the clock; the yield
+/// it then waits for is not needed.)
+fn freeze(d: Duration) {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let mut jump = std::pin::pin!(tokio::time::advance(d));
+    let _ = jump.as_mut().poll(&mut Context::from_waker(Waker::noop()));
 }
 
 async fn play<T>(step: Option<Step<T>>, default: T) -> Result<T, StoreError> {
@@ -81,7 +100,12 @@ impl Store for Fake {
             s.calls.push(("acquire", self.clock.now()));
             s.acquire.pop_front()
         };
-        play(step, None).await
+        let frozen = self.s.borrow_mut().freeze.take();
+        let res = play(step, None).await;
+        if let Some(d) = frozen {
+            freeze(d);
+        }
+        res
     }
     async fn renew(
         &mut self,
@@ -96,7 +120,12 @@ impl Store for Fake {
             s.calls.push(("renew", self.clock.now()));
             s.renew.pop_front()
         };
-        play(step, true).await
+        let frozen = self.s.borrow_mut().freeze.take();
+        let res = play(step, true).await;
+        if let Some(d) = frozen {
+            freeze(d);
+        }
+        res
     }
     async fn release(
         &mut self,
@@ -114,7 +143,20 @@ impl Store for Fake {
         play(step, true).await
     }
     async fn inspect(&mut self, _: &str, _: Duration) -> Result<Option<LeaseInfo>, StoreError> {
-        Ok(self.s.borrow().held.clone())
+        let now = self.clock.now();
+        let (seen, hangs) = {
+            let mut s = self.s.borrow_mut();
+            s.calls.push(("inspect", now));
+            let seen = match &s.rival_at {
+                Some((at, rival)) if now >= *at => Some(rival.clone()),
+                _ => s.held.clone(),
+            };
+            (seen, s.inspect_hangs)
+        };
+        if hangs {
+            std::future::pending::<()>().await;
+        }
+        Ok(seen)
     }
 }
 
@@ -728,5 +770,123 @@ async fn the_observer_hears_who_holds_the_lease_while_waiting() {
     assert_eq!(
         *seen.0.borrow(),
         vec![r#"waiting Some("other")"#.to_string()]
+    );
+}
+
+/// A grant read only after the process thawed past its give-up deadline is
+/// useless (the lease may be a rival's any moment): it is handed back at
+/// the epoch it was granted, reported with how late it came, and not used.
+#[tokio::test(start_paused = true)]
+async fn a_grant_read_after_a_freeze_past_g_is_handed_back() {
+    let mut script = Script {
+        freeze: Some(ms(2100)),
+        ..Default::default()
+    };
+    script.acquire.push_back((ms(0), Some(Ok(Some(9)))));
+    let (mut e, fake) = elector(script);
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let w = e.wait_for_lease(false, None, &mut rx).await;
+    match w {
+        Waited::Failed(StoreError::Unavailable(m)) => assert_eq!(
+            m,
+            "the store confirmed the lease only after 2s 100ms, too late to use it"
+        ),
+        w => panic!("{w:?}"),
+    }
+    // Handed back at once, and only until the grant would have expired
+    // (sent + L = 3 s): the release succeeds on its first try here.
+    assert_eq!(fake.calls("release"), vec![ms(2100)]);
+}
+
+fn record(holder: Option<&str>, epoch: i64, expires_in_ms: Option<i64>) -> LeaseInfo {
+    LeaseInfo {
+        name: "n".into(),
+        holder: holder.map(String::from),
+        epoch,
+        expires_in_ms,
+    }
+}
+
+/// After stepping down, the lease's new holder is reported as soon as it
+/// is seen: looked for every min(P, 50 ms), and only a live lease at a
+/// later epoch counts (our own record, still live, is not a successor).
+#[tokio::test(start_paused = true)]
+async fn sitting_out_ends_when_a_rival_holds_a_later_epoch() {
+    let script = Script {
+        held: Some(record(Some("h"), 1, Some(2000))),
+        rival_at: Some((ms(1200), record(Some("other"), 2, Some(3000)))),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    assert_eq!(e.sit_out(1).await.as_deref(), Some("other"));
+    assert_eq!(e.clock().now(), ms(1200));
+    let looks = fake.calls("inspect");
+    assert_eq!(looks.len(), 1200 / 50 + 1, "{looks:?}");
+    assert!(looks.windows(2).all(|w| w[1] - w[0] == ms(50)), "{looks:?}");
+}
+
+/// With no successor the wait is one lease long, not more: a freed record
+/// at a later epoch (nobody holds it) is no successor either.
+#[tokio::test(start_paused = true)]
+async fn sitting_out_lasts_one_lease_without_a_successor() {
+    let script = Script {
+        held: Some(record(None, 2, None)),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    assert_eq!(e.sit_out(1).await, None);
+    assert_eq!(e.clock().now(), ms(3000));
+    assert!(fake.calls("inspect").iter().all(|c| *c < ms(3000)));
+}
+
+/// A look that hangs is abandoned after the call cap (R/2 = 500 ms), the
+/// last one when the lease would have run out: the sit-out still ends at
+/// exactly one lease.
+#[tokio::test(start_paused = true)]
+async fn sitting_out_abandons_hung_looks_and_ends_on_time() {
+    let script = Script {
+        inspect_hangs: true,
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    assert_eq!(e.sit_out(1).await, None);
+    assert_eq!(e.clock().now(), ms(3000));
+    assert_eq!(
+        fake.calls("inspect"),
+        vec![ms(0), ms(550), ms(1100), ms(1650), ms(2200), ms(2750)]
+    );
+}
+
+/// A hung release is abandoned when the lease would have expired, not a
+/// whole call cap later: past `sent + L` there is nothing left to free.
+#[tokio::test(start_paused = true)]
+async fn a_hung_release_near_expiry_ends_with_the_lease() {
+    let mut script = Script::default();
+    script.release.push_back((Duration::ZERO, None));
+    let (mut e, fake) = elector(script);
+    let lease = lease_at(e.clock().now());
+    tokio::time::advance(ms(2700)).await;
+    assert!(!e.release(&lease, None).await);
+    assert_eq!(fake.calls("release"), vec![ms(2700)]);
+    assert_eq!(e.clock().now(), ms(3000));
+}
+
+/// A waiter says who holds the lease once, not at every poll.
+#[tokio::test(start_paused = true)]
+async fn the_holder_is_logged_once_per_wait() {
+    let script = Script {
+        held: held_for(60_000),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let (w, log) = logged(e.wait_for_lease(true, Some(ms(1000)), &mut rx)).await;
+    assert!(matches!(w, Waited::TimedOut), "{w:?}");
+    assert_eq!(fake.calls("acquire").len(), 3);
+    assert_eq!(
+        log.matches("waiting: lease n held by other (epoch 1)")
+            .count(),
+        1,
+        "{log}"
     );
 }
