@@ -46,6 +46,9 @@ struct Script {
     freeze: Option<Duration>,
     /// (what, when) for every call that reached the store.
     calls: Vec<(&'static str, Stamp)>,
+    /// (what, how long it may take) for every renew and release call: the
+    /// budget the store is given for its own statement or command timeout.
+    budgets: Vec<(&'static str, Duration)>,
 }
 
 #[derive(Clone)]
@@ -59,6 +62,15 @@ impl Fake {
         self.s
             .borrow()
             .calls
+            .iter()
+            .filter(|c| c.0 == what)
+            .map(|c| c.1)
+            .collect()
+    }
+    fn budgets(&self, what: &str) -> Vec<Duration> {
+        self.s
+            .borrow()
+            .budgets
             .iter()
             .filter(|c| c.0 == what)
             .map(|c| c.1)
@@ -113,11 +125,12 @@ impl Store for Fake {
         _: &str,
         _: i64,
         _: Duration,
-        _: Duration,
+        budget: Duration,
     ) -> Result<bool, StoreError> {
         let step = {
             let mut s = self.s.borrow_mut();
             s.calls.push(("renew", self.clock.now()));
+            s.budgets.push(("renew", budget));
             s.renew.pop_front()
         };
         let frozen = self.s.borrow_mut().freeze.take();
@@ -133,11 +146,12 @@ impl Store for Fake {
         _: &str,
         _: i64,
         _: Duration,
-        _: Duration,
+        budget: Duration,
     ) -> Result<bool, StoreError> {
         let step = {
             let mut s = self.s.borrow_mut();
             s.calls.push(("release", self.clock.now()));
+            s.budgets.push(("release", budget));
             s.release.pop_front()
         };
         play(step, true).await
@@ -889,4 +903,51 @@ async fn the_holder_is_logged_once_per_wait() {
         1,
         "{log}"
     );
+}
+
+/// Each renewal tells the store how long it may take: the call cap
+/// (R/2 = 500 ms), and never more than is left before the give-up deadline,
+/// so the store's own timeout does not outlast the lease's usefulness.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_is_given_no_more_time_than_is_left_before_g() {
+    let mut script = Script::default();
+    for _ in 0..5 {
+        script.renew.push_back((ms(10), unavailable()));
+    }
+    let (mut e, fake) = elector(script);
+    let mut lease = lease_at(e.clock().now());
+    assert_eq!(e.hold(&mut lease).await.reason, LossReason::GaveUp);
+    assert_eq!(
+        fake.calls("renew"),
+        vec![ms(1000), ms(1010), ms(1260), ms(1510), ms(1760)]
+    );
+    assert_eq!(
+        fake.budgets("renew"),
+        vec![ms(500), ms(500), ms(500), ms(490), ms(240)]
+    );
+}
+
+/// A renewal failure says how long is left before giving up, and the
+/// renewal that ends the trouble says so once; healthy renewals say nothing
+/// at that level.
+#[tokio::test(start_paused = true)]
+async fn renewal_trouble_and_its_end_are_logged_once() {
+    let mut script = Script::default();
+    script.renew.push_back((ms(10), unavailable()));
+    let (mut e, _) = elector(script);
+    let mut lease = lease_at(e.clock().now());
+    let (r, log) = logged(tokio::time::timeout(ms(3500), e.hold(&mut lease))).await;
+    assert!(r.is_err(), "{r:?}");
+    // Failed at 1.01 s; G is at 2 s.
+    assert!(
+        log.contains("renewal failed (down); giving up in 990ms unless a retry succeeds"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("renewed again after 1 failed attempt(s)")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("WARN").count(), 2, "{log}");
 }
