@@ -951,3 +951,73 @@ async fn renewal_trouble_and_its_end_are_logged_once() {
     );
     assert_eq!(log.matches("WARN").count(), 2, "{log}");
 }
+
+/// A release that works at once says "released" (with what --min-hold
+/// keeps) and warns of nothing.
+#[tokio::test(start_paused = true)]
+async fn a_clean_release_says_so_and_warns_of_nothing() {
+    let (mut e, _) = elector(Script::default());
+    let lease = lease_at(e.clock().now());
+    tokio::time::advance(ms(300)).await;
+    let (freed, log) = logged(e.release(&lease, Some(ms(1000)))).await;
+    assert!(freed);
+    assert!(
+        log.contains("released; kept for another 700ms (--min-hold)"),
+        "{log}"
+    );
+    assert!(!log.contains("WARN"), "{log}");
+    let (freed, log) = logged(e.release(&lease, None)).await;
+    assert!(freed);
+    assert!(
+        log.contains("INFO leaderrun::elector: released event"),
+        "{log}"
+    );
+    assert!(!log.contains("WARN"), "{log}");
+}
+
+/// The waiting line and the status line describe the lease as the store
+/// has it: held (time left rounded up to whole seconds), held but expired,
+/// or free.
+#[test]
+fn a_held_lease_is_described_as_the_store_has_it() {
+    let held = record(Some("other"), 4, Some(1500));
+    assert_eq!(
+        describe_held(&held),
+        "lease n held by other (epoch 4) for another 2s"
+    );
+    let expired = record(Some("other"), 4, Some(0));
+    assert_eq!(
+        describe_held(&expired),
+        "lease n held by other (epoch 4), expired"
+    );
+    let unknown = record(Some("other"), 4, None);
+    assert_eq!(
+        describe_held(&unknown),
+        "lease n held by other (epoch 4), expired"
+    );
+    assert_eq!(
+        describe_held(&record(None, 5, None)),
+        "lease n is free (epoch 5)"
+    );
+}
+
+/// Polls that found the lease held with plenty of time left do not count
+/// as attempts made too early: once the holder's lease is about to run out,
+/// the next attempt still goes out at its expiry, not at the next poll.
+#[tokio::test(start_paused = true)]
+async fn a_long_wait_still_tries_at_the_expiry() {
+    let script = Script {
+        held: held_for(60_000),
+        rival_at: Some((ms(4000), held_for(150).unwrap())),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let w = e.wait_for_lease(true, Some(ms(4300)), &mut rx).await;
+    assert!(matches!(w, Waited::TimedOut), "{w:?}");
+    let calls = fake.calls("acquire");
+    // Every P = 400 ms up to 4 s, then at the expiry: 4 s + 150 ms + margin.
+    assert_eq!(calls.len(), 12, "{calls:?}");
+    assert_eq!(calls[10], ms(4000));
+    assert_eq!(calls[11], ms(4150) + EXPIRY_MARGIN);
+}
