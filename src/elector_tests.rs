@@ -1021,3 +1021,22 @@ async fn a_long_wait_still_tries_at_the_expiry() {
     assert_eq!(calls[10], ms(4000));
     assert_eq!(calls[11], ms(4150) + EXPIRY_MARGIN);
 }
+
+/// Up to 250 ms past the deadline is a timer firing late, reported as giving
+/// up; more than that means the process did not run around the deadline.
+#[tokio::test(start_paused = true)]
+async fn lateness_beyond_250ms_is_reported_as_waking_late() {
+    for (late, want) in [
+        (250, LossReason::GaveUp),
+        (251, LossReason::WokeLate(ms(251))),
+    ] {
+        let (mut e, fake) = elector(Script::default());
+        let mut lease = lease_at(e.clock().now());
+        let hold = e.hold(&mut lease);
+        tokio::time::advance(ms(2000 + late)).await;
+        let lost = hold.await;
+        assert_eq!(lost.reason, want);
+        assert_eq!(lost.deadline, ms(2000));
+        assert!(fake.calls("renew").is_empty());
+    }
+}
