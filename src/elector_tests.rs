@@ -1040,3 +1040,40 @@ async fn lateness_beyond_250ms_is_reported_as_waking_late() {
         assert!(fake.calls("renew").is_empty());
     }
 }
+
+/// A broken subscription is said at info (only speed is lost), with the
+/// poll interval that carries on; the next attempt subscribes again, which
+/// ends that outage (at debug), so a second breakage is a new outage.
+#[tokio::test(start_paused = true)]
+async fn each_broken_subscription_is_logged_with_its_end() {
+    let script = Script {
+        held: held_for(60_000),
+        ..Default::default()
+    };
+    let (mut e, _) = elector(script);
+    e.timing = slow_poll();
+    let wake = FakeWake::default();
+    for _ in 0..2 {
+        wake.wakes
+            .borrow_mut()
+            .push_back((ms(100), Err(StoreError::Unavailable("gone".into()))));
+    }
+    e.push(Box::new(wake.clone()));
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let (w, log) = logged(e.wait_for_lease(true, Some(ms(15_000)), &mut rx)).await;
+    assert!(matches!(w, Waited::TimedOut), "{w:?}");
+    let events: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split("event=\"").nth(1))
+        .filter(|ev| ev.starts_with("push_"))
+        .collect();
+    assert_eq!(
+        events,
+        vec!["push_broken\"", "push_restored\"", "push_broken\""],
+        "{log}"
+    );
+    assert!(
+        log.contains("INFO leaderrun::elector: push wake-ups unavailable (gone); polling every 10s until they work again"),
+        "{log}"
+    );
+}
