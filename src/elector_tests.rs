@@ -798,6 +798,9 @@ async fn a_grant_read_after_a_freeze_past_g_is_handed_back() {
     };
     script.acquire.push_back((ms(0), Some(Ok(Some(9)))));
     let (mut e, fake) = elector(script);
+    // Sent at 0.5 s, not at the clock's origin: how late is counted from
+    // the send.
+    tokio::time::advance(ms(500)).await;
     let (_tx, mut rx) = unbounded_channel::<i32>();
     let w = e.wait_for_lease(false, None, &mut rx).await;
     match w {
@@ -808,8 +811,9 @@ async fn a_grant_read_after_a_freeze_past_g_is_handed_back() {
         w => panic!("{w:?}"),
     }
     // Handed back at once, and only until the grant would have expired
-    // (sent + L = 3 s): the release succeeds on its first try here.
-    assert_eq!(fake.calls("release"), vec![ms(2100)]);
+    // (sent + L = 3.5 s): the release succeeds on its first try here.
+    assert_eq!(fake.calls("release"), vec![ms(2600)]);
+    assert_eq!(fake.budgets("release"), vec![ms(500)]);
 }
 
 fn record(holder: Option<&str>, epoch: i64, expires_in_ms: Option<i64>) -> LeaseInfo {
