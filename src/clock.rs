@@ -37,15 +37,8 @@ impl Clock for BootClock {
         }
         match boot_timer(at) {
             Ok(fd) => wait_timer(fd, at).await,
-            // Only when timerfd is unavailable (seccomp, an odd kernel):
-            // poll the boot clock in short monotonic steps, so a suspend
-            // delays the deadline by at most one step.
-            Err(_) => {
-                while self.now() < at {
-                    let left = at.saturating_sub(self.now());
-                    tokio::time::sleep(left.min(Duration::from_millis(50))).await;
-                }
-            }
+            // Only when timerfd is unavailable (seccomp, an odd kernel).
+            Err(_) => poll_until(boottime_now, at).await,
         }
     }
 }
@@ -130,13 +123,8 @@ async fn wait_timer(fd: nix::sys::timerfd::TimerFd, at: Stamp) {
     // file) for as long as the registration lives.
     let afd = match unsafe { AsyncFd::register_with_interest(Timer(fd), Interest::READABLE) } {
         Ok(a) => a,
-        Err(_) => {
-            // Cannot register with the reactor: fall back to polling.
-            while boottime_now() < at {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            return;
-        }
+        // Cannot register with the reactor: fall back to polling.
+        Err(_) => return poll_until(boottime_now, at).await,
     };
     loop {
         let Ok(mut guard) = afd.readable().await else {
@@ -148,6 +136,20 @@ async fn wait_timer(fd: nix::sys::timerfd::TimerFd, at: Stamp) {
             _ if boottime_now() >= at => return,
             _ => guard.clear_ready(),
         }
+    }
+}
+
+/// The longest monotonic step of the polling fallback.
+const POLL_STEP: Duration = Duration::from_millis(50);
+
+/// Wait until `now() >= at` without a timer on `now`'s clock: sleep on
+/// tokio's (monotonic) clock in steps of at most [`POLL_STEP`], reading
+/// `now` again after each, so a suspend delays the deadline by at most one
+/// step. The fallback when no timerfd can be had or registered.
+async fn poll_until(now: impl Fn() -> Stamp, at: Stamp) {
+    while now() < at {
+        let left = at.saturating_sub(now());
+        tokio::time::sleep(left.min(POLL_STEP)).await;
     }
 }
 
@@ -196,5 +198,63 @@ mod tests {
         );
         // A deadline in the past is already due.
         c.sleep_until(start).await;
+    }
+
+    #[test]
+    fn the_boot_timer_never_blocks_and_is_not_inherited() {
+        use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+        use std::os::fd::{AsFd, AsRawFd};
+        let fd = boot_timer(boottime_now() + Duration::from_secs(60)).expect("a timerfd");
+        let raw = fd.as_fd().as_raw_fd();
+        // Read by the runtime's thread when the reactor says it is ready: a
+        // read that would block must fail instead of stalling every timer.
+        let fl = OFlag::from_bits_truncate(fcntl(raw, FcntlArg::F_GETFL).unwrap());
+        assert!(fl.contains(OFlag::O_NONBLOCK), "{fl:?}");
+        let mut buf = [0u8; 8];
+        assert_eq!(
+            nix::unistd::read(raw, &mut buf),
+            Err(nix::errno::Errno::EAGAIN)
+        );
+        // The command leaderrun runs must not inherit the give-up timer.
+        let fd_fl = FdFlag::from_bits_truncate(fcntl(raw, FcntlArg::F_GETFD).unwrap());
+        assert!(fd_fl.contains(FdFlag::FD_CLOEXEC), "{fd_fl:?}");
+    }
+
+    /// What the reactor is asked to watch, and what is read when it says
+    /// ready, is the timer itself (not some other descriptor).
+    #[test]
+    fn the_reactor_watches_the_timer_itself() {
+        use std::os::fd::{AsFd, AsRawFd};
+        let fd = boot_timer(boottime_now() + Duration::from_secs(60)).expect("a timerfd");
+        let raw = fd.as_fd().as_raw_fd();
+        assert_eq!(Timer(fd).as_raw_fd(), raw);
+    }
+
+    /// The polling fallback wakes at the deadline, not before it, and after
+    /// a suspend (the boot clock jumps, tokio's does not) within one step.
+    #[tokio::test(start_paused = true)]
+    async fn the_polling_fallback_keeps_to_the_boot_clock() {
+        use std::cell::Cell;
+        let c = TestClock::default();
+        let at = Duration::from_millis(120);
+        poll_until(|| c.now(), at).await;
+        assert_eq!(c.now(), at);
+        // Already due: no sleep at all.
+        poll_until(|| c.now(), at).await;
+        assert_eq!(c.now(), at);
+
+        let c = TestClock::default();
+        let suspended = Cell::new(Duration::ZERO);
+        let boot = || c.now() + suspended.get();
+        let resume = async {
+            tokio::time::sleep(Duration::from_millis(110)).await;
+            suspended.set(Duration::from_secs(5));
+        };
+        let ((), ()) = tokio::join!(poll_until(boot, Duration::from_secs(1)), resume);
+        assert!(
+            c.now() <= Duration::from_millis(110) + POLL_STEP,
+            "{:?}",
+            c.now()
+        );
     }
 }

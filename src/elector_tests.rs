@@ -37,8 +37,18 @@ struct Script {
     release: VecDeque<Step<bool>>,
     /// What `inspect` answers (None: no such lease).
     held: Option<LeaseInfo>,
+    /// From this time on, `inspect` answers this instead of `held`.
+    rival_at: Option<(Stamp, LeaseInfo)>,
+    /// `inspect` never answers.
+    inspect_hangs: bool,
+    /// The process freezes for this long while the next acquire or renew
+    /// is in flight (see [`freeze`]).
+    freeze: Option<Duration>,
     /// (what, when) for every call that reached the store.
     calls: Vec<(&'static str, Stamp)>,
+    /// (what, how long it may take) for every renew and release call: the
+    /// budget the store is given for its own statement or command timeout.
+    budgets: Vec<(&'static str, Duration)>,
 }
 
 #[derive(Clone)]
@@ -57,6 +67,27 @@ impl Fake {
             .map(|c| c.1)
             .collect()
     }
+    fn budgets(&self, what: &str) -> Vec<Duration> {
+        self.s
+            .borrow()
+            .budgets
+            .iter()
+            .filter(|c| c.0 == what)
+            .map(|c| c.1)
+            .collect()
+    }
+}
+
+/// Move the paused clock on at once, inside the store call: the process
+/// was frozen (SIGSTOP, a VM pause) while the call was in flight, and on
+/// waking its answer is read in the same poll, before any timer has been
+/// looked at again. (The first poll of `advance` moves the clock; the yield
+/// it then waits for is not needed.)
+fn freeze(d: Duration) {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let mut jump = std::pin::pin!(tokio::time::advance(d));
+    let _ = jump.as_mut().poll(&mut Context::from_waker(Waker::noop()));
 }
 
 async fn play<T>(step: Option<Step<T>>, default: T) -> Result<T, StoreError> {
@@ -81,7 +112,12 @@ impl Store for Fake {
             s.calls.push(("acquire", self.clock.now()));
             s.acquire.pop_front()
         };
-        play(step, None).await
+        let frozen = self.s.borrow_mut().freeze.take();
+        let res = play(step, None).await;
+        if let Some(d) = frozen {
+            freeze(d);
+        }
+        res
     }
     async fn renew(
         &mut self,
@@ -89,14 +125,20 @@ impl Store for Fake {
         _: &str,
         _: i64,
         _: Duration,
-        _: Duration,
+        budget: Duration,
     ) -> Result<bool, StoreError> {
         let step = {
             let mut s = self.s.borrow_mut();
             s.calls.push(("renew", self.clock.now()));
+            s.budgets.push(("renew", budget));
             s.renew.pop_front()
         };
-        play(step, true).await
+        let frozen = self.s.borrow_mut().freeze.take();
+        let res = play(step, true).await;
+        if let Some(d) = frozen {
+            freeze(d);
+        }
+        res
     }
     async fn release(
         &mut self,
@@ -104,17 +146,31 @@ impl Store for Fake {
         _: &str,
         _: i64,
         _: Duration,
-        _: Duration,
+        budget: Duration,
     ) -> Result<bool, StoreError> {
         let step = {
             let mut s = self.s.borrow_mut();
             s.calls.push(("release", self.clock.now()));
+            s.budgets.push(("release", budget));
             s.release.pop_front()
         };
         play(step, true).await
     }
     async fn inspect(&mut self, _: &str, _: Duration) -> Result<Option<LeaseInfo>, StoreError> {
-        Ok(self.s.borrow().held.clone())
+        let now = self.clock.now();
+        let (seen, hangs) = {
+            let mut s = self.s.borrow_mut();
+            s.calls.push(("inspect", now));
+            let seen = match &s.rival_at {
+                Some((at, rival)) if now >= *at => Some(rival.clone()),
+                _ => s.held.clone(),
+            };
+            (seen, s.inspect_hangs)
+        };
+        if hangs {
+            std::future::pending::<()>().await;
+        }
+        Ok(seen)
     }
 }
 
@@ -649,6 +705,379 @@ async fn store_recovered_follows_an_outage_that_ends_in_acquiring() {
     let recovered = log.find("the store answers again");
     assert!(
         matches!((trouble, recovered), (Some(a), Some(b)) if a < b),
+        "{log}"
+    );
+}
+
+/// The reason a stop names in the log is the one that happened, with the
+/// lateness in whole milliseconds.
+#[test]
+fn loss_reasons_read_as_what_happened() {
+    assert_eq!(
+        LossReason::GaveUp.to_string(),
+        "no renewal succeeded before the give-up deadline"
+    );
+    assert_eq!(
+        LossReason::WokeLate(Duration::from_micros(5_250_700)).to_string(),
+        "woke up 5s 250ms past the give-up deadline (frozen or suspended)"
+    );
+    assert_eq!(
+        LossReason::Superseded.to_string(),
+        "the renewal matched nothing: another holder has the lease"
+    );
+}
+
+/// What an observer (systemd's status line, the metrics) was told, in order.
+#[derive(Clone, Default)]
+struct Seen(Rc<RefCell<Vec<String>>>);
+
+impl Observer for Seen {
+    fn waiting(&mut self, held: Option<&LeaseInfo>) {
+        let who = held.and_then(|h| h.holder.clone());
+        self.0.borrow_mut().push(format!("waiting {who:?}"));
+    }
+    fn renewed(&mut self, lease: &Lease) {
+        let line = format!("renewed {} sent {:?}", lease.epoch, lease.sent);
+        self.0.borrow_mut().push(line);
+    }
+    fn renew_failed(&mut self, epoch: i64) {
+        self.0.borrow_mut().push(format!("renew failed {epoch}"));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_observer_hears_every_renewal_and_every_failure() {
+    let mut script = Script::default();
+    script.renew.push_back((ms(10), unavailable()));
+    script.renew.push_back((ms(10), Some(Ok(true))));
+    let (mut e, _) = elector(script);
+    let seen = Seen::default();
+    e.observe(Box::new(seen.clone()));
+    let mut lease = lease_at(e.clock().now());
+    let r = tokio::time::timeout(ms(2500), e.hold(&mut lease)).await;
+    assert!(r.is_err(), "{r:?}");
+    assert_eq!(
+        *seen.0.borrow(),
+        vec![
+            "renew failed 1".to_string(),
+            format!("renewed 1 sent {:?}", ms(1010)),
+            format!("renewed 1 sent {:?}", ms(2010)),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_observer_hears_who_holds_the_lease_while_waiting() {
+    let mut script = Script {
+        held: held_for(700),
+        ..Default::default()
+    };
+    script.acquire.push_back((ms(0), Some(Ok(None))));
+    script.acquire.push_back((ms(0), Some(Ok(Some(2)))));
+    let (mut e, _) = elector(script);
+    e.timing = slow_poll();
+    let seen = Seen::default();
+    e.observe(Box::new(seen.clone()));
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let w = e.wait_for_lease(true, None, &mut rx).await;
+    assert!(matches!(w, Waited::Acquired(_)), "{w:?}");
+    assert_eq!(
+        *seen.0.borrow(),
+        vec![r#"waiting Some("other")"#.to_string()]
+    );
+}
+
+/// A grant read only after the process thawed past its give-up deadline is
+/// useless (the lease may be a rival's any moment): it is handed back at
+/// the epoch it was granted, reported with how late it came, and not used.
+#[tokio::test(start_paused = true)]
+async fn a_grant_read_after_a_freeze_past_g_is_handed_back() {
+    let mut script = Script {
+        freeze: Some(ms(2100)),
+        ..Default::default()
+    };
+    script.acquire.push_back((ms(0), Some(Ok(Some(9)))));
+    let (mut e, fake) = elector(script);
+    // Sent at 0.5 s, not at the clock's origin: how late is counted from
+    // the send.
+    tokio::time::advance(ms(500)).await;
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let w = e.wait_for_lease(false, None, &mut rx).await;
+    match w {
+        Waited::Failed(StoreError::Unavailable(m)) => assert_eq!(
+            m,
+            "the store confirmed the lease only after 2s 100ms, too late to use it"
+        ),
+        w => panic!("{w:?}"),
+    }
+    // Handed back at once, and only until the grant would have expired
+    // (sent + L = 3.5 s): the release succeeds on its first try here.
+    assert_eq!(fake.calls("release"), vec![ms(2600)]);
+    assert_eq!(fake.budgets("release"), vec![ms(500)]);
+}
+
+fn record(holder: Option<&str>, epoch: i64, expires_in_ms: Option<i64>) -> LeaseInfo {
+    LeaseInfo {
+        name: "n".into(),
+        holder: holder.map(String::from),
+        epoch,
+        expires_in_ms,
+    }
+}
+
+/// After stepping down, the lease's new holder is reported as soon as it
+/// is seen: looked for every min(P, 50 ms), and only a live lease at a
+/// later epoch counts (our own record, still live, is not a successor).
+#[tokio::test(start_paused = true)]
+async fn sitting_out_ends_when_a_rival_holds_a_later_epoch() {
+    let script = Script {
+        held: Some(record(Some("h"), 1, Some(2000))),
+        rival_at: Some((ms(1200), record(Some("other"), 2, Some(3000)))),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    assert_eq!(e.sit_out(1).await.as_deref(), Some("other"));
+    assert_eq!(e.clock().now(), ms(1200));
+    let looks = fake.calls("inspect");
+    assert_eq!(looks.len(), 1200 / 50 + 1, "{looks:?}");
+    assert!(looks.windows(2).all(|w| w[1] - w[0] == ms(50)), "{looks:?}");
+}
+
+/// With no successor the wait is one lease long, not more: a freed record
+/// at a later epoch (nobody holds it) is no successor either.
+#[tokio::test(start_paused = true)]
+async fn sitting_out_lasts_one_lease_without_a_successor() {
+    let script = Script {
+        held: Some(record(None, 2, None)),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    assert_eq!(e.sit_out(1).await, None);
+    assert_eq!(e.clock().now(), ms(3000));
+    assert!(fake.calls("inspect").iter().all(|c| *c < ms(3000)));
+}
+
+/// A look that hangs is abandoned after the call cap (R/2 = 500 ms), the
+/// last one when the lease would have run out: the sit-out still ends at
+/// exactly one lease.
+#[tokio::test(start_paused = true)]
+async fn sitting_out_abandons_hung_looks_and_ends_on_time() {
+    let script = Script {
+        inspect_hangs: true,
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    assert_eq!(e.sit_out(1).await, None);
+    assert_eq!(e.clock().now(), ms(3000));
+    assert_eq!(
+        fake.calls("inspect"),
+        vec![ms(0), ms(550), ms(1100), ms(1650), ms(2200), ms(2750)]
+    );
+}
+
+/// A hung release is abandoned when the lease would have expired, not a
+/// whole call cap later: past `sent + L` there is nothing left to free.
+#[tokio::test(start_paused = true)]
+async fn a_hung_release_near_expiry_ends_with_the_lease() {
+    let mut script = Script::default();
+    script.release.push_back((Duration::ZERO, None));
+    let (mut e, fake) = elector(script);
+    let lease = lease_at(e.clock().now());
+    tokio::time::advance(ms(2700)).await;
+    assert!(!e.release(&lease, None).await);
+    assert_eq!(fake.calls("release"), vec![ms(2700)]);
+    assert_eq!(e.clock().now(), ms(3000));
+}
+
+/// A waiter says who holds the lease once, not at every poll.
+#[tokio::test(start_paused = true)]
+async fn the_holder_is_logged_once_per_wait() {
+    let script = Script {
+        held: held_for(60_000),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let (w, log) = logged(e.wait_for_lease(true, Some(ms(1000)), &mut rx)).await;
+    assert!(matches!(w, Waited::TimedOut), "{w:?}");
+    assert_eq!(fake.calls("acquire").len(), 3);
+    assert_eq!(
+        log.matches("waiting: lease n held by other (epoch 1)")
+            .count(),
+        1,
+        "{log}"
+    );
+}
+
+/// Each renewal tells the store how long it may take: the call cap
+/// (R/2 = 500 ms), and never more than is left before the give-up deadline,
+/// so the store's own timeout does not outlast the lease's usefulness.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_is_given_no_more_time_than_is_left_before_g() {
+    let mut script = Script::default();
+    for _ in 0..5 {
+        script.renew.push_back((ms(10), unavailable()));
+    }
+    let (mut e, fake) = elector(script);
+    let mut lease = lease_at(e.clock().now());
+    assert_eq!(e.hold(&mut lease).await.reason, LossReason::GaveUp);
+    assert_eq!(
+        fake.calls("renew"),
+        vec![ms(1000), ms(1010), ms(1260), ms(1510), ms(1760)]
+    );
+    assert_eq!(
+        fake.budgets("renew"),
+        vec![ms(500), ms(500), ms(500), ms(490), ms(240)]
+    );
+}
+
+/// A renewal failure says how long is left before giving up, and the
+/// renewal that ends the trouble says so once; healthy renewals say nothing
+/// at that level.
+#[tokio::test(start_paused = true)]
+async fn renewal_trouble_and_its_end_are_logged_once() {
+    let mut script = Script::default();
+    script.renew.push_back((ms(10), unavailable()));
+    let (mut e, _) = elector(script);
+    let mut lease = lease_at(e.clock().now());
+    let (r, log) = logged(tokio::time::timeout(ms(3500), e.hold(&mut lease))).await;
+    assert!(r.is_err(), "{r:?}");
+    // Failed at 1.01 s; G is at 2 s.
+    assert!(
+        log.contains("renewal failed (down); giving up in 990ms unless a retry succeeds"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("renewed again after 1 failed attempt(s)")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("WARN").count(), 2, "{log}");
+}
+
+/// A release that works at once says "released" (with what --min-hold
+/// keeps) and warns of nothing.
+#[tokio::test(start_paused = true)]
+async fn a_clean_release_says_so_and_warns_of_nothing() {
+    let (mut e, _) = elector(Script::default());
+    let lease = lease_at(e.clock().now());
+    tokio::time::advance(ms(300)).await;
+    let (freed, log) = logged(e.release(&lease, Some(ms(1000)))).await;
+    assert!(freed);
+    assert!(
+        log.contains("released; kept for another 700ms (--min-hold)"),
+        "{log}"
+    );
+    assert!(!log.contains("WARN"), "{log}");
+    let (freed, log) = logged(e.release(&lease, None)).await;
+    assert!(freed);
+    assert!(
+        log.contains("INFO leaderrun::elector: released event"),
+        "{log}"
+    );
+    assert!(!log.contains("WARN"), "{log}");
+}
+
+/// The waiting line and the status line describe the lease as the store
+/// has it: held (time left rounded up to whole seconds), held but expired,
+/// or free.
+#[test]
+fn a_held_lease_is_described_as_the_store_has_it() {
+    let held = record(Some("other"), 4, Some(1500));
+    assert_eq!(
+        describe_held(&held),
+        "lease n held by other (epoch 4) for another 2s"
+    );
+    let expired = record(Some("other"), 4, Some(0));
+    assert_eq!(
+        describe_held(&expired),
+        "lease n held by other (epoch 4), expired"
+    );
+    let unknown = record(Some("other"), 4, None);
+    assert_eq!(
+        describe_held(&unknown),
+        "lease n held by other (epoch 4), expired"
+    );
+    assert_eq!(
+        describe_held(&record(None, 5, None)),
+        "lease n is free (epoch 5)"
+    );
+}
+
+/// Polls that found the lease held with plenty of time left do not count
+/// as attempts made too early: once the holder's lease is about to run out,
+/// the next attempt still goes out at its expiry, not at the next poll.
+#[tokio::test(start_paused = true)]
+async fn a_long_wait_still_tries_at_the_expiry() {
+    let script = Script {
+        held: held_for(60_000),
+        rival_at: Some((ms(4000), held_for(150).unwrap())),
+        ..Default::default()
+    };
+    let (mut e, fake) = elector(script);
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let w = e.wait_for_lease(true, Some(ms(4300)), &mut rx).await;
+    assert!(matches!(w, Waited::TimedOut), "{w:?}");
+    let calls = fake.calls("acquire");
+    // Every P = 400 ms up to 4 s, then at the expiry: 4 s + 150 ms + margin.
+    assert_eq!(calls.len(), 12, "{calls:?}");
+    assert_eq!(calls[10], ms(4000));
+    assert_eq!(calls[11], ms(4150) + EXPIRY_MARGIN);
+}
+
+/// Up to 250 ms past the deadline is a timer firing late, reported as giving
+/// up; more than that means the process did not run around the deadline.
+#[tokio::test(start_paused = true)]
+async fn lateness_beyond_250ms_is_reported_as_waking_late() {
+    for (late, want) in [
+        (250, LossReason::GaveUp),
+        (251, LossReason::WokeLate(ms(251))),
+    ] {
+        let (mut e, fake) = elector(Script::default());
+        let mut lease = lease_at(e.clock().now());
+        let hold = e.hold(&mut lease);
+        tokio::time::advance(ms(2000 + late)).await;
+        let lost = hold.await;
+        assert_eq!(lost.reason, want);
+        assert_eq!(lost.deadline, ms(2000));
+        assert!(fake.calls("renew").is_empty());
+    }
+}
+
+/// A broken subscription is said at info (only speed is lost), with the
+/// poll interval that carries on; the next attempt subscribes again, which
+/// ends that outage (at debug), so a second breakage is a new outage.
+#[tokio::test(start_paused = true)]
+async fn each_broken_subscription_is_logged_with_its_end() {
+    let script = Script {
+        held: held_for(60_000),
+        ..Default::default()
+    };
+    let (mut e, _) = elector(script);
+    e.timing = slow_poll();
+    let wake = FakeWake::default();
+    for _ in 0..2 {
+        wake.wakes
+            .borrow_mut()
+            .push_back((ms(100), Err(StoreError::Unavailable("gone".into()))));
+    }
+    e.push(Box::new(wake.clone()));
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let (w, log) = logged(e.wait_for_lease(true, Some(ms(15_000)), &mut rx)).await;
+    assert!(matches!(w, Waited::TimedOut), "{w:?}");
+    let events: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split("event=\"").nth(1))
+        .filter(|ev| ev.starts_with("push_"))
+        .collect();
+    assert_eq!(
+        events,
+        vec!["push_broken\"", "push_restored\"", "push_broken\""],
+        "{log}"
+    );
+    assert!(
+        log.contains("INFO leaderrun::elector: push wake-ups unavailable (gone); polling every 10s until they work again"),
         "{log}"
     );
 }
