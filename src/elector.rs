@@ -88,8 +88,9 @@ pub enum Waited<I> {
 /// Told what the elector sees, for status reporting (systemd, metrics).
 /// Every method has a no-op default.
 pub trait Observer {
-    /// A wait attempt found the lease held; `held` is who holds it, looked up
-    /// only when [`Observer::wants_holder`] says so.
+    /// A wait attempt found the lease held; `held` is who holds it, when the
+    /// store could say (the elector always asks; `wants_holder` is not
+    /// consulted).
     fn waiting(&mut self, _held: Option<&LeaseInfo>) {}
     fn wants_holder(&self) -> bool {
         false
