@@ -69,10 +69,11 @@ unset LEADERRUN_STORE DATABASE_URL
 # so that hyperfine need not ignore failures). Both are held by a process
 # of their own for the whole run.
 # The lock is held by the sleep itself (its fd 9), so that killing it frees
-# the lock and leaves nothing holding the script's output open.
+# the lock and leaves nothing holding the script's output open. The lease's
+# holder waits, as the probe below may take the lease for an instant first.
 (exec 9>"$tmp/held" && flock 9 && exec sleep 100000) </dev/null >/dev/null 2>&1 &
 pids+=($!)
-"${bins[0]}" --name held -- sleep 100000 </dev/null >/dev/null 2>&1 &
+"${bins[0]}" --wait --name held -- sleep 100000 </dev/null >/dev/null 2>&1 &
 pids+=($!)
 held_up() {
     ! flock -n "$tmp/held" true || return 1
