@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start-up cost of one leaderrun run against its peers, side by side in one
-# hyperfine run (medians): `true`, `flock(1)`, `leaderrun -- true` on the
-# embedded store, on a local Postgres and through a local PgBouncer
+# hyperfine run (medians): `true`, `flock(1)`, `flock -n` on a held lock,
+# `leaderrun -- true` on the embedded store (its lease free, and held by
+# another leaderrun: the skip), on a local Postgres and through a local PgBouncer
 # (transaction pooling) in front of it, `etcdctl lock` on a local etcd; and
 # the floors of both stores (floor.c, pgbench). Throwaway servers on free
 # loopback ports in a temp dir; nothing else is touched. Needs hyperfine,
