@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start-up cost of one leaderrun run against its peers, side by side in one
-# hyperfine run (medians): `true`, `flock(1)`, `leaderrun -- true` on the
-# embedded store, on a local Postgres and through a local PgBouncer
+# hyperfine run (medians): `true`, `flock(1)`, `flock -n` on a held lock,
+# `leaderrun -- true` on the embedded store (its lease free, and held by
+# another leaderrun: the skip), on a local Postgres and through a local PgBouncer
 # (transaction pooling) in front of it, `etcdctl lock` on a local etcd; and
 # the floors of both stores (floor.c, pgbench). Throwaway servers on free
 # loopback ports in a temp dir; nothing else is touched. Needs hyperfine,
@@ -64,10 +65,29 @@ pgb="postgres://postgres:bench-pw@127.0.0.1:$bport/postgres?sslmode=disable"
 export LEADERRUN_STATE_DIR=$tmp/state ETCDCTL_API=3
 unset LEADERRUN_STORE DATABASE_URL
 
-cmds=(-n true true -n flock "flock $tmp/lock true")
+# The skip: a try-once run that finds the lease held, against `flock -n` on
+# a held lock (-E 0: the conflict exits 0, as leaderrun's does by default,
+# so that hyperfine need not ignore failures). Both are held by a process
+# of their own for the whole run.
+# The lock is held by the sleep itself (its fd 9), so that killing it frees
+# the lock and leaves nothing holding the script's output open. The lease's
+# holder waits, as the probe below may take the lease for an instant first.
+(exec 9>"$tmp/held" && flock 9 && exec sleep 100000) </dev/null >/dev/null 2>&1 &
+pids+=($!)
+"${bins[0]}" --wait --name held -- sleep 100000 </dev/null >/dev/null 2>&1 &
+pids+=($!)
+held_up() {
+    ! flock -n "$tmp/held" true || return 1
+    "${bins[0]}" -q --name held --conflict-exit-code 3 -- true
+    [ $? = 3 ]
+}
+for _ in $(seq 200); do held_up && break; sleep 0.05; done
+held_up || { echo "bench: the held lock and lease are not held" >&2; exit 1; }
+cmds=(-n true true -n flock "flock $tmp/lock true" -n "flock -n, held" "flock -n -E 0 $tmp/held true")
 for b in "${bins[@]}"; do
     "$b" --name warm -- true && "$b" --store "$pg" --name warm -- true # files and table exist
-    cmds+=(-n "embedded $b" "$b --name x -- true" -n "postgres $b" "$b --store $pg --name x -- true")
+    cmds+=(-n "embedded $b" "$b --name x -- true" -n "embedded held $b" "$b --name held -- true"
+        -n "postgres $b" "$b --store $pg --name x -- true")
     if "$b" --store "$pgb" --name warm -- true 2>/dev/null; then
         cmds+=(-n "pgbouncer $b" "$b --store $pgb --name x -- true")
     else
@@ -91,18 +111,36 @@ else
 fi
 
 uptime
+echo 'select 1;' > "$tmp/one.sql"
+PGSSLMODE=disable PGGSSENCMODE=disable PGPASSWORD=bench-pw \
+    "$pgbin/pgbench" -n -C -t "$runs" -f "$tmp/one.sql" -h 127.0.0.1 -p "$pgport" -U postgres postgres 2>&1 |
+    grep -E '^(latency average|average connection time)' > "$tmp/pgbench.txt"
 hyperfine -N --warmup 10 --runs "$runs" --export-json "$tmp/out.json" "${cmds[@]}" >/dev/null
-python3 - "$tmp/out.json" <<'PY'
-import json, sys
+python3 - "$tmp/out.json" "$tmp/pgbench.txt" <<'PY'
+import json, re, sys
 res = json.load(open(sys.argv[1]))["results"]
 base = {r["command"]: r["median"] for r in res}
 print(f"{'command':<58} {'median':>9} {'mean':>9} {'x flock':>8} {'x etcdctl':>9}")
 for r in res:
     print(f"{r['command']:<58} {r['median']*1e3:8.2f}ms {r['mean']*1e3:8.2f}ms"
           f" {r['median']/base['flock']:8.2f} {r['median']/base['etcdctl lock']:9.2f}")
+pgb = open(sys.argv[2]).read()
+print("floor: pgbench -C, one connection and one statement per transaction (means):")
+print(pgb, end="")
+# The targets (issue #18): the embedded run within 1.5 ms of its C floor,
+# the skip within 2 x `flock -n` on a held lock, Postgres within 2 ms of
+# pgbench -C's latency (a connection and a statement).
+floor = next((v for k, v in base.items() if k.startswith("floor:")), None)
+m = re.search(r"latency average = ([0-9.]+) ms", pgb)
+pg_floor = float(m.group(1)) / 1e3 if m else None
+def check(what, got, bound):
+    print(f"  {what:<54} {got*1e3:8.2f}ms <= {bound*1e3:6.2f}ms  {'ok' if got <= bound else 'MISSED'}")
+print("targets:")
+for k, v in base.items():
+    if k.startswith("embedded held "):
+        check(k, v, 2 * base["flock -n, held"])
+    elif k.startswith("embedded ") and floor is not None:
+        check(k, v, floor + 1.5e-3)
+    elif k.startswith("postgres ") and pg_floor is not None:
+        check(k, v, pg_floor + 2e-3)
 PY
-echo "floor: pgbench -C, one connection and one statement per transaction ($runs, means):"
-echo 'select 1;' > "$tmp/one.sql"
-PGSSLMODE=disable PGGSSENCMODE=disable PGPASSWORD=bench-pw \
-    "$pgbin/pgbench" -n -C -t "$runs" -f "$tmp/one.sql" -h 127.0.0.1 -p "$pgport" -U postgres postgres 2>&1 |
-    grep -E '^(latency average|average connection time)'
