@@ -267,14 +267,7 @@ fn in_cgroup(cg: &Path, prog: &str, args: &[String]) -> Command {
         .arg(prog)
         .args(args)
         .stdin(Stdio::null());
-    for v in [
-        "LEADERRUN_NAME",
-        "LEADERRUN_STORE",
-        "DATABASE_URL",
-        "LEADERRUN_STATE_DIR",
-    ] {
-        c.env_remove(v);
-    }
+    clean_env(&mut c);
     c
 }
 
@@ -908,41 +901,6 @@ fn a_cgroup_path_with_a_space_never_leads_the_watchdog_to_a_strangers_cgroup() {
 
 // ---------------------------------------------------------------------------
 // F8
-
-const NS_LAST_PID: &str = "/proc/sys/kernel/ns_last_pid";
-
-fn can_force_pids() -> bool {
-    let ok = std::fs::OpenOptions::new()
-        .write(true)
-        .open(NS_LAST_PID)
-        .is_ok();
-    if !ok {
-        eprintln!(
-            "skipped: {NS_LAST_PID} is not writable (needs root in the initial pid namespace)"
-        );
-    }
-    ok
-}
-
-/// Start a process that gets pid `want` (see tests/strangers.rs): None
-/// when another process on the machine keeps taking it first.
-fn with_pid(want: i32, mut start: impl FnMut() -> Child) -> Option<Child> {
-    let exists = |p: i32| Path::new(&format!("/proc/{p}")).exists();
-    wait_for(&format!("pid {want} to be free"), 5 * SEC, || !exists(want));
-    for _ in 0..200 {
-        if exists(want) {
-            return None;
-        }
-        std::fs::write(NS_LAST_PID, (want - 1).to_string()).expect("write ns_last_pid");
-        let mut c = start();
-        if c.id() as i32 == want {
-            return Some(c);
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    None
-}
 
 /// F8: leaderrun A is killed while its watchdog is frozen (by the cgroup
 /// freezer, see [`cgroup_freeze`]; its command dies with it); the next leaderrun B gets A's pid, and so would make a cgroup

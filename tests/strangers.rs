@@ -20,48 +20,6 @@ fn embedded(dir: &TempDir) -> String {
     format!("sqlite://{}", dir.file("leases.db").display())
 }
 
-const NS_LAST_PID: &str = "/proc/sys/kernel/ns_last_pid";
-
-/// Whether pids can be forced here; prints why not.
-fn can_force_pids() -> bool {
-    let ok = std::fs::OpenOptions::new()
-        .write(true)
-        .open(NS_LAST_PID)
-        .is_ok();
-    if !ok {
-        eprintln!(
-            "skipped: {NS_LAST_PID} is not writable (needs root in the initial pid namespace)"
-        );
-    }
-    ok
-}
-
-fn pid_exists(pid: i32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Start a process that gets pid `want`, once `want` is free: the next pid
-/// after `want - 1` is handed out, unless another process on the machine
-/// forks in between, so this tries again. None when it never got it.
-fn with_pid(want: i32, mut start: impl FnMut() -> Child) -> Option<Child> {
-    wait_for(&format!("pid {want} to be free"), 5 * SEC, || {
-        !pid_exists(want)
-    });
-    for _ in 0..200 {
-        if pid_exists(want) {
-            return None; // someone else took it
-        }
-        std::fs::write(NS_LAST_PID, (want - 1).to_string()).expect("write ns_last_pid");
-        let mut c = start();
-        if c.id() as i32 == want {
-            return Some(c);
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    None
-}
-
 /// Renewals leaderrun has logged (at -vv) so far.
 fn renewals(log: &std::path::Path) -> usize {
     read(log).lines().filter(|l| l.contains("renewed")).count()

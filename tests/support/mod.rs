@@ -61,9 +61,9 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
-/// `leaderrun` with an environment that cannot leak in from the machine.
-pub fn leaderrun() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
+/// The variables through which the machine's own settings could reach a
+/// test's leaderrun, removed from `c`.
+pub fn clean_env(c: &mut Command) {
     for v in [
         "LEADERRUN_NAME",
         "LEADERRUN_STORE",
@@ -72,6 +72,12 @@ pub fn leaderrun() -> Command {
     ] {
         c.env_remove(v);
     }
+}
+
+/// `leaderrun` with an environment that cannot leak in from the machine.
+pub fn leaderrun() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
+    clean_env(&mut c);
     c.stdin(Stdio::null());
     c
 }
@@ -507,4 +513,49 @@ pub fn make_certs(dir: &Path) {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+const NS_LAST_PID: &str = "/proc/sys/kernel/ns_last_pid";
+
+/// Whether pids can be forced here (root in the initial pid namespace);
+/// prints why not.
+pub fn can_force_pids() -> bool {
+    let ok = std::fs::OpenOptions::new()
+        .write(true)
+        .open(NS_LAST_PID)
+        .is_ok();
+    if !ok {
+        eprintln!(
+            "skipped: {NS_LAST_PID} is not writable (needs root in the initial pid namespace)"
+        );
+    }
+    ok
+}
+
+pub fn pid_exists(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Start a process that gets pid `want`, once `want` is free: the next pid
+/// after `want - 1` is handed out, unless another process on the machine
+/// forks in between, so this tries again. None when it never got it.
+pub fn with_pid(want: i32, mut start: impl FnMut() -> Child) -> Option<Child> {
+    wait_for(
+        &format!("pid {want} to be free"),
+        Duration::from_secs(5),
+        || !pid_exists(want),
+    );
+    for _ in 0..200 {
+        if pid_exists(want) {
+            return None; // someone else took it
+        }
+        std::fs::write(NS_LAST_PID, (want - 1).to_string()).expect("write ns_last_pid");
+        let mut c = start();
+        if c.id() as i32 == want {
+            return Some(c);
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    None
 }
