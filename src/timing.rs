@@ -56,6 +56,11 @@ pub const MAX_ANY_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 pub const MIN_RETRY_ROOM: Duration = Duration::from_millis(100);
 /// A store call is never abandoned sooner than this.
 pub const MIN_CALL: Duration = Duration::from_millis(50);
+/// The shortest poll: a waiting contender's attempt costs about a
+/// millisecond of CPU on the embedded store, so polling no faster than
+/// this keeps a waiter at a few percent of a core at worst (a `--retry
+/// 1ns` would spin one at 100 %).
+pub const MIN_RETRY: Duration = Duration::from_millis(50);
 
 /// A violated relation, worded for the person who typed the flags.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,7 +76,7 @@ impl fmt::Display for Show {
 
 impl Timing {
     /// Fill in defaults (derived from whatever the user did give) and check
-    /// `0 < R < G`, `G + K < L`, `P > 0`.
+    /// `0 < R < G`, `G − R ≥ 100ms`, `G + K < L`, `P ≥ 50ms`.
     pub fn resolve(a: TimingArgs) -> Result<Timing, TimingError> {
         let lease = a.lease.unwrap_or(DEFAULT_LEASE);
         if lease.is_zero() {
@@ -135,8 +140,12 @@ impl Timing {
                 Show(lease)
             )));
         }
-        if retry.is_zero() {
-            return Err(TimingError("--retry must be longer than zero".into()));
+        if retry < MIN_RETRY {
+            return Err(TimingError(format!(
+                "--retry ({}) must be at least {}, so that a waiting contender does not busy a core",
+                Show(retry),
+                Show(MIN_RETRY)
+            )));
         }
         Ok(Timing {
             lease,
@@ -261,7 +270,14 @@ mod tests {
                     retry: Some(Duration::ZERO),
                     ..Default::default()
                 },
-                "--retry must be longer than zero",
+                "--retry (0s) must be at least 50ms, so that a waiting contender does not busy a core",
+            ),
+            (
+                TimingArgs {
+                    retry: Some(Duration::from_millis(49)),
+                    ..Default::default()
+                },
+                "--retry (49ms) must be at least 50ms, so that a waiting contender does not busy a core",
             ),
             (
                 TimingArgs {
