@@ -119,6 +119,15 @@ pub fn check_command(argv: &[OsString]) -> Result<std::path::PathBuf, SpawnError
     let runnable = |p: &Path| p.is_file() && access(p, AccessFlags::X_OK).is_ok();
     if program.as_encoded_bytes().contains(&b'/') {
         let p = Path::new(program);
+        // A symlink loop (or a chain too long) is not a missing file: say
+        // what it is, with the status a shell gives it (126).
+        if let Err(e) = std::fs::metadata(p) {
+            if e.raw_os_error() == Some(nix::libc::ELOOP) {
+                return Err(SpawnError::NotExecutable(format!(
+                    "{shown}: too many levels of symbolic links (a symlink loop?)"
+                )));
+            }
+        }
         return if !p.exists() {
             Err(SpawnError::NotFound(shown))
         } else if runnable(p) {

@@ -152,6 +152,13 @@ fn exit_status_rows() {
         Some(126),
         "a directory"
     );
+    // a symlink loop is named as one (126, as a shell says), not "not found"
+    let (l1, l2) = (dir.file("loop1"), dir.file("loop2"));
+    std::os::unix::fs::symlink(&l2, &l1).unwrap();
+    std::os::unix::fs::symlink(&l1, &l2).unwrap();
+    let r = code(&[], &[l1.to_str().unwrap()]);
+    assert_eq!(r.code, Some(126), "{}", r.stderr);
+    assert!(r.stderr.contains("symbolic links"), "{}", r.stderr);
     assert_eq!(
         pg.lease_row("codes"),
         "|4|f",
@@ -202,7 +209,15 @@ fn bad_input_is_one_line_exit_2_and_starts_nothing() {
             &["--lease", "15s", "--kill-after", "5s"],
             "--give-up (10s) plus --kill-after (5s) must be shorter than --lease (15s)",
         ),
-        (&["--retry", "0s"], "--retry must be longer than zero"),
+        (&["--retry", "0s"], "--retry (0s) must be at least 50ms"),
+        (
+            &["--wait", "--retry", "1ns"],
+            "--retry (1ns) must be at least 50ms",
+        ),
+        (
+            &["--wait", "--timeout", "0s"],
+            "--timeout 0s gives up before the first attempt",
+        ),
         (&["--renew", "0s"], "--renew must be longer than zero"),
         (&["--lease", "0s"], "--lease must be longer than zero"),
         (

@@ -101,6 +101,14 @@ impl RunConfig {
                 return Err("--min-hold must be shorter than --max-term".into());
             }
         }
+        if run.wait && run.timeout.is_some_and(|t| t.is_zero()) {
+            // It would give up before its first attempt, even on a free
+            // lease; trying once is what leaving out --wait does.
+            return Err(
+                "--timeout 0s gives up before the first attempt; leave out --wait to try once"
+                    .into(),
+            );
+        }
         if run.command.first().is_none_or(|c| c.is_empty()) {
             return Err("the command after -- must not be empty".into());
         }
