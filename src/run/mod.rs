@@ -120,8 +120,8 @@ impl Observer for Observers {
 /// beside it. Longer than an embedded acquire on an idle host (about a
 /// millisecond), so that a run that finds the lease held, and an embedded
 /// run, start no watchdog early: on two shared CPUs the watchdog's exec
-/// competes with the acquire rather than overlapping it (measured, README
-/// "Cost per run": the skip took 0.61 x as long without the early watchdog,
+/// competes with the acquire rather than overlapping it (measured,
+/// docs/performance.md, "A lean run": the skip took 0.61 x as long without the early watchdog,
 /// a free embedded run no longer). Shorter than a server's connection and
 /// round trips, so that those still hide the watchdog's start-up.
 const OVERLAP_AFTER: Duration = Duration::from_millis(3);
