@@ -546,9 +546,8 @@ fn wait_readable(fd: &impl AsFd, limit: Option<Duration>) -> bool {
 /// What the watchdog knows and has done.
 struct State {
     o: Orders,
+    /// What to stop, from the first `spawning` (a command may run from then on).
     tree: Option<Tree>,
-    /// `spawning` was said: a command may be running from then on.
-    spawning: bool,
     /// leaderrun, held by the pidfd it handed down; moved into the tree as
     /// its root once there is one.
     leaderrun: Option<Held>,
@@ -672,7 +671,6 @@ impl State {
                     // Held only if the pid still names the process leaderrun
                     // started (it may have exited and been reaped since).
                     let leader = Held::leader(pid, start);
-                    self.spawning = true;
                     let tree = self.tree_mut();
                     tree.leader = leader;
                     tree.cgroup = cg;
@@ -689,7 +687,6 @@ impl State {
             Some("spawning") => {
                 // Said again (with `-`) when the cgroup could not be made.
                 let cg = f.next().and_then(field_path).map(Cgroup::from_path);
-                self.spawning = true;
                 self.tree_mut().cgroup = cg;
             }
             Some("look") => *look = true,
@@ -964,7 +961,6 @@ pub fn main() -> i32 {
     let mut st = State {
         o,
         tree: None,
-        spawning: false,
         leaderrun,
         token: TermToken::from_fd(token_fd),
         stopping: false,
