@@ -13,6 +13,23 @@ use crate::exit;
 use crate::supervisor::{self, status_code};
 
 impl Run {
+    /// The stop every ending but a plain exit shares: SIGTERM once, SIGKILL
+    /// at `kill_at`, with the watchdog watched (and replaced) meanwhile;
+    /// then the cgroup goes and the watchdog is told it is over. The exit
+    /// status, and whether everything the command started is gone.
+    async fn stop_command(
+        &mut self,
+        child: &mut supervisor::Child,
+        kill_at: crate::clock::Stamp,
+        signals: &mut UnboundedReceiver<nix::sys::signal::Signal>,
+    ) -> (ExitStatus, bool) {
+        let (w, skip) = (self.watchdog.clone(), child.skip());
+        let out = watched(&w, skip, child.stop(&self.clock, kill_at, signals)).await;
+        child.cleanup();
+        self.finish_watchdog();
+        out
+    }
+
     /// The command exited: anything it left behind dies before the lease
     /// could pass on (the same G + K arithmetic as a loss), then release.
     pub(super) async fn after_exit(
@@ -72,10 +89,7 @@ impl Run {
         }
         let (t, clock) = (self.t, self.clock);
         let kill_at = (clock.now() + t.kill_after).min(lost.deadline + t.kill_after);
-        let (w, skip) = (self.watchdog.clone(), child.skip());
-        let (st, gone) = watched(&w, skip, child.stop(&clock, kill_at, signals)).await;
-        child.cleanup();
-        self.finish_watchdog();
+        let (st, gone) = self.stop_command(child, kill_at, signals).await;
         tracing::warn!(
             event = "stopped",
             epoch = lease.epoch,
@@ -105,10 +119,7 @@ impl Run {
         self.report.borrow_mut().lost();
         let (t, clock) = (self.t, self.clock);
         let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
-        let (w, skip) = (self.watchdog.clone(), child.skip());
-        let (st, gone) = watched(&w, skip, child.stop(&clock, kill_at, signals)).await;
-        child.cleanup();
-        self.finish_watchdog();
+        let (st, gone) = self.stop_command(child, kill_at, signals).await;
         if gone {
             self.elector.release(lease, None).await;
         }
@@ -146,10 +157,7 @@ impl Run {
         // renewal's G + K, before the lease could pass on.
         let (t, clock) = (self.t, self.clock);
         let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
-        let (w, skip) = (self.watchdog.clone(), child.skip());
-        let (st, gone) = watched(&w, skip, child.stop(&clock, kill_at, signals)).await;
-        child.cleanup();
-        self.finish_watchdog();
+        let (st, gone) = self.stop_command(child, kill_at, signals).await;
         let released = gone && self.elector.release(lease, None).await;
         self.report.borrow_mut().released();
         let successor = if released {
