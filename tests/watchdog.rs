@@ -453,20 +453,8 @@ fn as_init_of_a_pid_namespace_the_watchdog_is_not_swept() {
 /// The cgroup v2 mount, where this test process could create a cgroup below
 /// its own, as leaderrun will (root, a writable hierarchy).
 fn writable_cgroup2() -> Option<String> {
-    let mount = std::fs::read_to_string("/proc/self/mountinfo")
-        .ok()?
-        .lines()
-        .find(|l| l.contains(" - cgroup2 "))
-        .and_then(|l| l.split_whitespace().nth(4).map(str::to_string))?;
-    let ours = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("0::").map(str::to_string))?;
-    let probe = format!(
-        "{mount}{}/leaderrun-test-probe-{}",
-        ours.trim_end_matches('/'),
-        std::process::id()
-    );
+    let (mount, ours) = cgroup2_and_own()?;
+    let probe = format!("{mount}{ours}/leaderrun-test-probe-{}", std::process::id());
     let ok = std::fs::create_dir(&probe).is_ok();
     let _ = std::fs::remove_dir(&probe);
     ok.then_some(mount)

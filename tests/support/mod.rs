@@ -343,10 +343,9 @@ pub fn kill_holder_and_watchdog(lr: &mut Child) {
     }
 }
 
-/// The cgroup v2 directory the leaderrun with pid `lr` made for its command
-/// (below this test process's own cgroup, which leaderrun inherited), if it
-/// is still there.
-pub fn cgroup_left_by(lr: u32) -> Option<PathBuf> {
+/// The cgroup v2 mount point and this test process's own cgroup below it
+/// (`/a/b`, no trailing slash; empty at the root), which leaderrun inherits.
+pub fn cgroup2_and_own() -> Option<(String, String)> {
     let mount = std::fs::read_to_string("/proc/self/mountinfo")
         .ok()?
         .lines()
@@ -356,7 +355,15 @@ pub fn cgroup_left_by(lr: u32) -> Option<PathBuf> {
         .ok()?
         .lines()
         .find_map(|l| l.strip_prefix("0::").map(str::to_string))?;
-    let parent = PathBuf::from(format!("{mount}{}", ours.trim().trim_end_matches('/')));
+    Some((mount, ours.trim().trim_end_matches('/').to_string()))
+}
+
+/// The cgroup v2 directory the leaderrun with pid `lr` made for its command
+/// (below this test process's own cgroup, which leaderrun inherited), if it
+/// is still there.
+pub fn cgroup_left_by(lr: u32) -> Option<PathBuf> {
+    let (mount, ours) = cgroup2_and_own()?;
+    let parent = PathBuf::from(format!("{mount}{ours}"));
     // `leaderrun-PID-NONCE`: the nonce makes every run's name its own.
     let prefix = format!("leaderrun-{lr}-");
     std::fs::read_dir(&parent)
