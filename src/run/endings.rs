@@ -13,6 +13,13 @@ use crate::exit;
 use crate::supervisor::{self, status_code};
 
 impl Run {
+    /// When a stop begun now sends SIGKILL: `K` from now, but never later
+    /// than `K` after the give-up deadline `give_up_at`, so that the
+    /// command is dead before the lease could pass on (`G + K < L`).
+    fn kill_at(&self, give_up_at: crate::clock::Stamp) -> crate::clock::Stamp {
+        (self.clock.now() + self.t.kill_after).min(give_up_at + self.t.kill_after)
+    }
+
     /// The stop every ending but a plain exit shares: SIGTERM once, SIGKILL
     /// at `kill_at`, with the watchdog watched (and replaced) meanwhile;
     /// then the cgroup goes and the watchdog is told it is over. The exit
@@ -38,10 +45,9 @@ impl Run {
         child: &mut supervisor::Child,
         st: ExitStatus,
     ) -> i32 {
-        let (t, clock) = (self.t, self.clock);
-        let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
+        let kill_at = self.kill_at(lease.sent + self.t.give_up);
         let (w, skip) = (self.watchdog.clone(), child.skip());
-        let gone = watched(&w, skip, child.sweep(&clock, kill_at)).await;
+        let gone = watched(&w, skip, child.sweep(&self.clock, kill_at)).await;
         child.cleanup();
         self.finish_watchdog();
         let code = status_code(st);
@@ -87,8 +93,7 @@ impl Run {
         if let Some(w) = self.watchdog.borrow_mut().as_mut() {
             w.stopping();
         }
-        let (t, clock) = (self.t, self.clock);
-        let kill_at = (clock.now() + t.kill_after).min(lost.deadline + t.kill_after);
+        let kill_at = self.kill_at(lost.deadline);
         let (st, gone) = self.stop_command(child, kill_at, signals).await;
         tracing::warn!(
             event = "stopped",
@@ -117,8 +122,7 @@ impl Run {
              be started); stopping it"
         );
         self.report.borrow_mut().lost();
-        let (t, clock) = (self.t, self.clock);
-        let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
+        let kill_at = self.kill_at(lease.sent + self.t.give_up);
         let (st, gone) = self.stop_command(child, kill_at, signals).await;
         if gone {
             self.elector.release(lease, None).await;
@@ -155,8 +159,7 @@ impl Run {
         // The stop path of a loss, with the deadlines of the lease we still
         // hold: renewals stop here, so SIGKILL comes no later than the last
         // renewal's G + K, before the lease could pass on.
-        let (t, clock) = (self.t, self.clock);
-        let kill_at = (clock.now() + t.kill_after).min(lease.sent + t.give_up + t.kill_after);
+        let kill_at = self.kill_at(lease.sent + self.t.give_up);
         let (st, gone) = self.stop_command(child, kill_at, signals).await;
         let released = gone && self.elector.release(lease, None).await;
         self.report.borrow_mut().released();
