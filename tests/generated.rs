@@ -179,20 +179,20 @@ fn readme_table(readme: &str, heading: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `leaderrun --help`, in words (see [`words`]).
+fn help_words() -> String {
+    let mut c = leaderrun();
+    c.arg("--help");
+    words(&run(c).stdout)
+}
+
 /// Every exit status in the code's tables is in the README's exit tables
 /// with the same meaning, in the same order, and in --help and the man page.
 #[test]
 fn exit_statuses_are_one_table_everywhere() {
     use leaderrun::exit::{plain, RUN_FORM, SUBCOMMANDS};
     let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let help = words(
-        &run({
-            let mut c = leaderrun();
-            c.arg("--help");
-            c
-        })
-        .stdout,
-    );
+    let help = help_words();
     let man = rendered_man();
     for (heading, table) in [
         ("Exit status of the run form", RUN_FORM),
@@ -222,14 +222,7 @@ fn exit_statuses_are_one_table_everywhere() {
 fn timing_rules_are_one_table_everywhere() {
     use leaderrun::cli::{TIMING_DEFAULTS, TIMING_RULES};
     let readme = words(&std::fs::read_to_string(root().join("README.md")).unwrap());
-    let help = words(
-        &run({
-            let mut c = leaderrun();
-            c.arg("--help");
-            c
-        })
-        .stdout,
-    );
+    let help = help_words();
     let man = rendered_man();
     let dir = TempDir::new("timing-rules");
     let store = format!("sqlite://{}", dir.file("leases.db").display());
