@@ -214,14 +214,7 @@ fn a_watchdog_that_missed_its_looks_does_not_hand_the_lease_back() {
     }
     let dir = TempDir::new("wd-missed");
     let store = embedded(&dir);
-    let script = format!(
-        "echo $$ > {c}; while [ ! -e {go} ]; do sleep 0.01; done; \
-         setsid sh -c 'echo $$ > {e}.tmp && mv {e}.tmp {e}; exec sleep 1000' & \
-         while :; do sleep 0.05; done",
-        c = dir.file("cmd.pid").display(),
-        go = dir.file("go").display(),
-        e = dir.file("esc.pid").display(),
-    );
+    let script = escapes_on_go(&dir);
     let base = |dir: &TempDir| {
         let mut c = leaderrun_unprivileged(dir);
         c.args(["--store", &store, "--name", "m"]).args(L3);

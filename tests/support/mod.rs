@@ -566,3 +566,17 @@ pub fn with_pid(want: i32, mut start: impl FnMut() -> Child) -> Option<Child> {
     }
     None
 }
+
+/// A command that writes its pid to `cmd.pid`, waits for a file `go`, then
+/// leaves a descendant in a session of its own (`sleep 1000`, its pid in
+/// `esc.pid`) and runs on: what only a look at the tree, or a cgroup, finds.
+pub fn escapes_on_go(dir: &TempDir) -> String {
+    format!(
+        "echo $$ > {c}; while [ ! -e {go} ]; do sleep 0.01; done; \
+         setsid sh -c 'echo $$ > {e}.tmp && mv {e}.tmp {e}; exec sleep 1000' & \
+         while :; do sleep 0.05; done",
+        c = dir.file("cmd.pid").display(),
+        go = dir.file("go").display(),
+        e = dir.file("esc.pid").display(),
+    )
+}
