@@ -64,19 +64,24 @@ impl Bench {
     }
 
     /// Until `who`'s command has had `n` fenced writes accepted.
+    /// On a timeout, the panic quotes `who`'s log: what the store said.
     fn wait_writes(&self, who: &str, n: usize) {
-        wait_for(
-            &format!("{n} accepted writes by {who}"),
-            Duration::from_secs(15),
-            || {
-                self.runs()
-                    .iter()
-                    .filter(|r| r.who == who)
-                    .map(|r| r.ok)
-                    .sum::<usize>()
-                    >= n
-            },
-        );
+        let t0 = Instant::now();
+        while self
+            .runs()
+            .iter()
+            .filter(|r| r.who == who)
+            .map(|r| r.ok)
+            .sum::<usize>()
+            < n
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "timed out after 15s waiting for {n} accepted writes by {who}:\n{}",
+                self.stderr(who)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn check(&self) -> Report {
@@ -180,7 +185,10 @@ fn a_stalled_link_starts_nothing_and_hands_the_lease_back() {
 fn with_replicas_a_failover_hands_over_without_overlap() {
     let b = Bench::new();
     let mut p = Pair::start(true);
-    let mut a = b.holder(&p.url(1), "a", &[]);
+    // Under --wait: on a loaded machine the replica's first acknowledgement
+    // can miss the call's deadline, which rightly fails that acquisition
+    // (exit 125 when trying once); the test is about the failover after.
+    let mut a = b.holder(&p.url(1), "a", &["--wait"]);
     b.wait_writes("a", 3);
     wait_for("a renewal", Duration::from_secs(5), || {
         b.stderr("a").contains("renewed")
@@ -219,7 +227,10 @@ fn with_replicas_a_failover_hands_over_without_overlap() {
 
     let runs = b.runs();
     let next = the_run(&runs, "b");
-    assert_eq!((first.epoch, next.epoch), (1, 2), "{runs:?}");
+    // The replica had a's acquisition, counter included: the next epoch.
+    // (a's first attempt may have been handed back unacknowledged, so its
+    // run need not be at epoch 1.)
+    assert_eq!(next.epoch, first.epoch + 1, "{runs:?}");
     assert!(next.times[0] > stopped, "{runs:?}");
     eprintln!(
         "replicas=1: epochs {} then {}; b started {} ms after a's command stopped",
