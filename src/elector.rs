@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::clock::{Clock, Stamp};
-use crate::store::push::AnyWakeups;
+use crate::store::wake::AnyWakeups;
 use crate::store::{LeaseInfo, Store, StoreError};
 use crate::timing::Timing;
 
@@ -152,7 +152,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
         self.wakeups = Some(w);
     }
 
-    /// Subscribe before an attempt (src/store/push.rs); false when there is
+    /// Subscribe before an attempt (src/store/wake.rs); false when there is
     /// no subscription to wait on, and the next wait is a plain poll. Bounded
     /// like one call: a subscription that cannot be made must not hold up
     /// the attempt it precedes.

@@ -459,12 +459,12 @@ struct FakeWake {
     arms: Rc<RefCell<u32>>,
 }
 
-impl crate::store::push::Wakeups for FakeWake {
-    fn arm<'a>(&'a mut self, _: &'a str) -> crate::store::push::Fut<'a, ()> {
+impl crate::store::wake::Wakeups for FakeWake {
+    fn arm<'a>(&'a mut self, _: &'a str) -> crate::store::wake::Fut<'a, ()> {
         *self.arms.borrow_mut() += 1;
         Box::pin(async { Ok(()) })
     }
-    fn wake<'a>(&'a mut self, _: &'a str) -> crate::store::push::Fut<'a, ()> {
+    fn wake<'a>(&'a mut self, _: &'a str) -> crate::store::wake::Fut<'a, ()> {
         let next = self.wakes.borrow_mut().pop_front();
         Box::pin(async move {
             match next {

@@ -42,19 +42,25 @@
 //! One file implementing [`Store`] and [`StoreAdmin`], and one line in
 //! [`REGISTRY`] naming its URL schemes and its constructor.
 
+mod error;
 pub mod etcd;
+mod lease;
 pub mod mysql;
 pub mod postgres;
-pub mod push;
 pub mod redis;
 mod sql;
 pub mod sqlite;
+mod target;
+pub mod wake;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::redact;
+pub use error::StoreError;
+pub use lease::{Capabilities, Init, LeaseInfo, Replication, Schema, MAX_STORED};
+pub use target::{choose, Origin, ResolveError, Target};
+use target::{known_schemes, parse};
 
 /// One line per store: the URL schemes it answers to and how to open it.
 /// `open` checks the URL's syntax and connects to nothing.
@@ -69,118 +75,6 @@ pub const REGISTRY: &[(&[&str], Open)] = &[
 /// A store constructor: the parsed URL in, a store (not yet connected) out,
 /// or a one-line usage error that never contains the password.
 pub type Open = fn(&Target<'_>) -> Result<AnyStore, String>;
-
-/// What a constructor gets.
-pub struct Target<'a> {
-    /// The parsed store URL (scheme lowercased by the parser).
-    pub url: &'a url::Url,
-    /// Shown to the server where it can show it (Postgres `application_name`).
-    pub app_name: &'a str,
-    /// Server-side bound for one call, where the server has one.
-    pub call_timeout: Duration,
-}
-
-/// Why a store call failed. The caller must tell these apart: a waiting
-/// contender retries `Unavailable` but gives up on `Fatal`.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// May heal: network trouble, a timeout, a restarting or read-only
-    /// server, a lock held too long.
-    #[error("{0}")]
-    Unavailable(String),
-    /// Will not heal: wrong password, missing permission, unusable
-    /// configuration.
-    #[error("{0}")]
-    Fatal(String),
-}
-
-impl StoreError {
-    pub fn may_heal(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
-    }
-}
-
-/// What the store says about a lease, by the store's own clock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseInfo {
-    pub name: String,
-    pub holder: Option<String>,
-    pub epoch: i64,
-    /// Milliseconds until expiry; negative when already expired (for a
-    /// free lease on a SQL store: how long ago it was freed). `None` where
-    /// the store cannot know: a free lease on a store that deletes the
-    /// lease key (Redis, etcd) keeps no time of its end.
-    pub expires_in_ms: Option<i64>,
-}
-
-impl LeaseInfo {
-    pub fn is_live(&self) -> bool {
-        self.holder.is_some() && self.expires_in_ms.is_some_and(|ms| ms > 0)
-    }
-}
-
-/// What a store can promise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
-    /// Leases are granted in whole multiples of this (a request is rounded up).
-    pub granularity: Duration,
-    /// The shortest lease the store grants.
-    pub min_lease: Duration,
-    /// The longest lease (and `--min-hold` keep) the store records; longer
-    /// requests are clamped on write.
-    pub max_lease: Duration,
-    /// Whether the store can wake a waiting contender when the lease is
-    /// freed (instead of the contender polling every `P`).
-    pub pushes_wakeups: bool,
-    /// Whether a failover of the store may extend a lease by up to its full
-    /// length (etcd: a new leader re-extends every lease by its TTL), so a
-    /// lease that could not be handed back may outlive `sent + L`.
-    pub failover_extends_lease: bool,
-}
-
-/// Ten years: far beyond any sensible lease or `--min-hold`, far inside the
-/// range of every store's time type, so no sum of "now" and a duration can
-/// overflow a column.
-pub const MAX_STORED: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
-
-impl Capabilities {
-    /// Millisecond leases computed by the server (the SQL stores).
-    pub const MILLIS: Capabilities = Capabilities {
-        granularity: Duration::from_millis(1),
-        min_lease: Duration::from_millis(1),
-        max_lease: MAX_STORED,
-        pushes_wakeups: false,
-        failover_extends_lease: false,
-    };
-
-    /// The lease the store will really grant for `requested`: rounded up to
-    /// the granularity; refused when below the minimum or above the maximum
-    /// (silently lengthening a short lease would slow failover without the
-    /// user knowing; shortening a long one would break the timing).
-    pub fn grant(&self, requested: Duration) -> Result<Duration, String> {
-        let g = self.granularity.as_nanos().max(1);
-        let granted = requested
-            .as_nanos()
-            .div_ceil(g)
-            .checked_mul(g)
-            .and_then(|n| u64::try_from(n).ok())
-            .map(Duration::from_nanos);
-        let show = |d: Duration| humantime::format_duration(d).to_string();
-        match granted {
-            Some(d) if d < self.min_lease => Err(format!(
-                "--lease ({}) is shorter than the shortest lease this store grants ({})",
-                show(requested),
-                show(self.min_lease)
-            )),
-            Some(d) if d <= self.max_lease => Ok(d),
-            _ => Err(format!(
-                "--lease ({}) is longer than the longest lease this store grants ({})",
-                show(requested),
-                show(self.max_lease)
-            )),
-        }
-    }
-}
 
 /// The lease loop's calls (the elector's view of a store).
 pub trait Store {
@@ -222,45 +116,6 @@ pub trait Store {
     ) -> impl Future<Output = Result<Option<LeaseInfo>, StoreError>>;
 }
 
-/// The table a SQL store keeps its leases in, for `init --print`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Schema {
-    /// Shown in the leading SQL comment: "PostgreSQL", "MySQL/MariaDB", …
-    pub dialect: &'static str,
-    pub sql: &'static str,
-}
-
-/// What `init` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Init {
-    /// The lease table exists now (created or already there).
-    Ready,
-    /// This store keeps no table; there is nothing to create.
-    NothingToDo,
-}
-
-/// What the store's replication can do to an acknowledged write, as
-/// `leaderrun status` shows it (docs/stores.md, "what a failover of the
-/// store can break").
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Replication {
-    /// `Some(true)`: a failover can lose an acknowledged acquisition (an
-    /// asynchronous replica promoted); `Some(false)`: it cannot (synchronous
-    /// replication, a quorum, a single host); `None`: the store cannot tell.
-    pub can_lose_acknowledged: Option<bool>,
-    /// One line for people: "asynchronous, 2 standbys", "single host", …
-    pub detail: String,
-}
-
-impl Replication {
-    pub fn unknown(detail: impl Into<String>) -> Replication {
-        Replication {
-            can_lose_acknowledged: None,
-            detail: detail.into(),
-        }
-    }
-}
-
 /// Everything beyond the lease loop: what the store is, what it promises,
 /// and the operators' subcommands. Every store implements all of it.
 pub trait StoreAdmin: Store {
@@ -270,9 +125,9 @@ pub trait StoreAdmin: Store {
     fn capabilities(&self) -> Capabilities;
 
     /// A subscription to "this lease was freed" on a connection of its own
-    /// (src/store/push.rs), for stores whose capabilities say they push
+    /// (src/store/wake.rs), for stores whose capabilities say they push
     /// wake-ups; `None` elsewhere. Connects to nothing until armed.
-    fn wakeups(&self) -> Option<push::AnyWakeups> {
+    fn wakeups(&self) -> Option<wake::AnyWakeups> {
         None
     }
 
@@ -345,7 +200,7 @@ pub trait DynStore {
     fn inspect_dyn<'a>(&'a mut self, n: &'a str, t: Duration) -> Fut<'a, Option<LeaseInfo>>;
     fn describe_dyn(&self) -> String;
     fn capabilities_dyn(&self) -> Capabilities;
-    fn wakeups_dyn(&self) -> Option<push::AnyWakeups>;
+    fn wakeups_dyn(&self) -> Option<wake::AnyWakeups>;
     fn schema_dyn(&self) -> Option<Schema>;
     fn init_dyn(&mut self, t: Duration) -> Fut<'_, Init>;
     fn replication_dyn(&mut self, t: Duration) -> Fut<'_, Replication>;
@@ -397,7 +252,7 @@ impl<S: StoreAdmin> DynStore for S {
     fn capabilities_dyn(&self) -> Capabilities {
         self.capabilities()
     }
-    fn wakeups_dyn(&self) -> Option<push::AnyWakeups> {
+    fn wakeups_dyn(&self) -> Option<wake::AnyWakeups> {
         self.wakeups()
     }
     fn schema_dyn(&self) -> Option<Schema> {
@@ -467,7 +322,7 @@ impl StoreAdmin for AnyStore {
     fn capabilities(&self) -> Capabilities {
         self.as_ref().capabilities_dyn()
     }
-    fn wakeups(&self) -> Option<push::AnyWakeups> {
+    fn wakeups(&self) -> Option<wake::AnyWakeups> {
         self.as_ref().wakeups_dyn()
     }
     fn schema(&self) -> Option<Schema> {
@@ -489,63 +344,6 @@ impl StoreAdmin for AnyStore {
         t: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
         self.as_mut().clear_dyn(n, e, t).await
-    }
-}
-
-/// Where a store string came from; errors name it instead of echoing the
-/// string (which may hold a password).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Origin {
-    /// `--store`
-    #[default]
-    Flag,
-    /// `LEADERRUN_STORE` (clap reads it for `--store`)
-    LeaderrunStore,
-    /// `DATABASE_URL`
-    DatabaseUrl,
-}
-
-impl std::fmt::Display for Origin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Origin::Flag => "--store",
-            Origin::LeaderrunStore => "LEADERRUN_STORE",
-            Origin::DatabaseUrl => "DATABASE_URL",
-        })
-    }
-}
-
-/// Why no store could be opened. Usage errors exit 2; a failure of the
-/// environment (no `HOME` for the embedded store) exits 125.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ResolveError {
-    #[error("{0}")]
-    Usage(String),
-    #[error("{0}")]
-    Failure(String),
-}
-
-impl ResolveError {
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            ResolveError::Usage(_) => crate::exit::USAGE,
-            ResolveError::Failure(_) => crate::exit::FAILURE,
-        }
-    }
-}
-
-/// The store string to use: `given` (from `--store` or `LEADERRUN_STORE`, as
-/// `origin` says), else a non-empty `DATABASE_URL`. `None` means the embedded
-/// default; an explicitly empty `--store ''` or `LEADERRUN_STORE=` asks for
-/// it too, even when `DATABASE_URL` is set.
-pub fn choose(given: Option<String>, origin: Origin) -> Option<(String, Origin)> {
-    match given {
-        Some(s) if s.trim().is_empty() => None,
-        Some(s) => Some((s, origin)),
-        None => std::env::var("DATABASE_URL")
-            .ok()
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| (s, Origin::DatabaseUrl)),
     }
 }
 
@@ -597,149 +395,9 @@ pub fn resolve(
     )
 }
 
-fn known_schemes() -> String {
-    let all: Vec<String> = REGISTRY
-        .iter()
-        .flat_map(|(s, _)| s.iter())
-        .map(|s| format!("{s}://"))
-        .collect();
-    all.join(", ")
-}
-
-/// Parse a store string without ever echoing it: a URL that does not parse
-/// is named by its origin, and its scheme is shown only when it is plainly a
-/// scheme (`[a-z][a-z0-9+.-]*://`), never anything after it.
-fn parse(raw: &str, origin: Origin) -> Result<url::Url, ResolveError> {
-    // URL parsing drops tabs and newlines silently; the string itself goes
-    // on to the watchdog as one line of its orders, where a newline would
-    // end that line and begin another. No store string needs one.
-    if raw.chars().any(char::is_control) {
-        return Err(ResolveError::Usage(format!(
-            "the store string from {origin} contains a control character (a newline or tab?)"
-        )));
-    }
-    let Some(scheme) = redact::plain_scheme(raw) else {
-        return Err(ResolveError::Usage(format!(
-            "the store string from {origin} is not a URL leaderrun understands (expected {})",
-            known_schemes()
-        )));
-    };
-    if !REGISTRY.iter().any(|(k, _)| k.contains(&scheme)) {
-        return Err(ResolveError::Usage(format!(
-            "the store URL from {origin} has an unknown scheme {scheme}:// (expected {})",
-            known_schemes()
-        )));
-    }
-    // etcd clusters and libpq's multi-host URLs are named by a host list
-    // (`etcd://a:2379,b:2379`), which URL syntax has no room for; it is
-    // rewritten into one first.
-    let folded;
-    let raw = if matches!(scheme, "etcd" | "etcds" | "postgres" | "postgresql") {
-        folded = etcd::fold_hosts(raw);
-        folded.as_str()
-    } else {
-        raw
-    };
-    let url = url::Url::parse(raw).map_err(|e| {
-        ResolveError::Usage(format!(
-            "the store URL from {origin} is not valid: {e} \
-             (a password containing '/', '?', '#' or '@' must be percent-encoded)"
-        ))
-    })?;
-    // A '#' or an '@' after the host is what an unencoded '/', '?' or '#' in
-    // a password leaves behind when the rest happens to parse (a numeric
-    // "port"): refuse rather than connect somewhere odd and show it.
-    if url.fragment().is_some() || url.path().contains('@') {
-        return Err(ResolveError::Usage(format!(
-            "the store URL from {origin} is not valid: it has a '#' part or an '@' after the host \
-             (a password containing '/', '?', '#' or '@' must be percent-encoded)"
-        )));
-    }
-    Ok(url)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn err(raw: &str) -> String {
-        match open(
-            Some((raw, Origin::DatabaseUrl)),
-            "t",
-            Duration::from_secs(1),
-        ) {
-            Ok(s) => panic!("{raw} opened as {}", s.describe()),
-            Err(e) => e.to_string(),
-        }
-    }
-
-    #[test]
-    fn unparsable_strings_are_named_by_origin_never_echoed() {
-        for (raw, secret, want) in [
-            (
-                "postgres://u:pa/ss@h/db",
-                "pa/ss",
-                "from DATABASE_URL is not valid: invalid port number",
-            ),
-            ("postgres://u:p#ss@h/db", "p#ss", "is not valid"),
-            ("postgres://u:p?ss@h/db", "p?ss", "is not valid"),
-            ("mysql://u:12/34@h/db", "12/34", "is not valid"),
-            ("postgres://u:12#34@h/db", "12#34", "is not valid"),
-            (
-                "host=db password=hunter2 dbname=x",
-                "hunter2",
-                "is not a URL leaderrun understands",
-            ),
-            (
-                "memcache://:hunter2@h:11211/0",
-                "hunter2",
-                "unknown scheme memcache://",
-            ),
-            ("Xyz:hunter2@h", "hunter2", "is not a URL"),
-            ("hunter2", "hunter2", "is not a URL"),
-        ] {
-            let e = err(raw);
-            assert!(e.contains(want), "{raw}: {e}");
-            assert!(!e.contains(secret), "{raw}: echoed: {e}");
-            assert!(e.contains("DATABASE_URL"), "{e}");
-        }
-    }
-
-    /// sqlx logs parameters it does not know together with their value.
-    #[test]
-    fn unknown_parameters_are_refused_by_name_only() {
-        let e = err("postgres://u@h/db?pasword=Hunter2x");
-        assert!(e.contains("unknown parameter pasword"), "{e}");
-        let e = err("mysql://u@h/db?Hunter2x=1");
-        assert!(
-            e.contains("a query parameter that is not understood"),
-            "{e}"
-        );
-        for e in [
-            err("postgres://u@h/db?pasword=Hunter2x"),
-            err("mysql://u@h/db?Hunter2x=1"),
-        ] {
-            assert!(!e.contains("Hunter2x"), "{e}");
-        }
-    }
-
-    #[test]
-    fn passwords_are_hidden_in_the_description() {
-        for (raw, shown) in [
-            ("postgres://u:x@h/db", "postgres://u:***@h/db"),
-            (
-                "postgres://u:p%2Fs%23s@h:5/db?sslmode=disable",
-                "postgres://u:***@h:5/db?sslmode=disable",
-            ),
-            (
-                "mysql://u:x@h/db?password=y",
-                "mysql://u:***@h/db?password=***",
-            ),
-        ] {
-            let s = open(Some((raw, Origin::Flag)), "t", Duration::from_secs(1)).expect(raw);
-            assert_eq!(s.describe(), shown);
-        }
-    }
 
     /// A store says it pushes wake-ups exactly when it hands out a
     /// subscription: the docs' push column and the run form agree.
@@ -756,31 +414,5 @@ mod tests {
             assert_eq!(s.capabilities().pushes_wakeups, pushes, "{raw}");
             assert_eq!(s.wakeups().is_some(), pushes, "{raw}");
         }
-    }
-
-    #[test]
-    fn grant_rounds_up_and_refuses_what_it_cannot_honour() {
-        let etcd_like = Capabilities {
-            granularity: Duration::from_secs(1),
-            min_lease: Duration::from_secs(2),
-            max_lease: MAX_STORED,
-            pushes_wakeups: true,
-            failover_extends_lease: true,
-        };
-        assert_eq!(
-            etcd_like.grant(Duration::from_millis(2500)),
-            Ok(Duration::from_secs(3))
-        );
-        assert_eq!(
-            etcd_like.grant(Duration::from_millis(1500)),
-            Ok(Duration::from_secs(2))
-        );
-        assert!(etcd_like.grant(Duration::from_millis(900)).is_err());
-        let sql = Capabilities::MILLIS;
-        assert_eq!(
-            sql.grant(Duration::from_micros(1500)),
-            Ok(Duration::from_millis(2))
-        );
-        assert!(sql.grant(MAX_STORED * 2).is_err());
     }
 }

@@ -274,27 +274,6 @@ pub(crate) fn lacking(shown: &str, missing: &[String], grant: &str) -> StoreErro
     ))
 }
 
-/// Refuse query parameters the driver would not understand, naming the
-/// parameter only when it looks like one: sqlx logs unknown parameters with
-/// their value, which may be a secret.
-pub(crate) fn check_params(url: &url::Url, known: &[&str]) -> Result<(), String> {
-    for (k, _) in url.query_pairs() {
-        let options_entry = known.contains(&"options") && k.starts_with("options[");
-        if !known.contains(&k.as_ref()) && !options_entry {
-            let plain = !k.is_empty()
-                && k.len() <= 40
-                && k.chars()
-                    .all(|c| c.is_ascii_lowercase() || c == '_' || c == '-');
-            return Err(if plain {
-                format!("has an unknown parameter {k}")
-            } else {
-                "has a query parameter that is not understood".to_string()
-            });
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
     tests/bench/redis_renew.py [CALLS [ROUNDS]]
 
 Starts a throwaway redis-server (a free port on 127.0.0.1, a temp dir), loads
-the renewal script from src/store/redis.rs, and times three ways to renew,
+the renewal script from src/store/redis/scripts.rs, and times three ways to renew,
 interleaved round by round, CALLS calls each per round (default 2000, 7
 rounds), one connection, one call at a time:
 
@@ -33,10 +33,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def renew_script():
-    src = open(os.path.join(ROOT, "src/store/redis.rs")).read()
+    src = open(os.path.join(ROOT, "src/store/redis/scripts.rs")).read()
     m = re.search(r'const RENEW_LUA: &str = r"(.*?)";', src, re.S)
     if not m:
-        sys.exit("no RENEW_LUA in src/store/redis.rs")
+        sys.exit("no RENEW_LUA in src/store/redis/scripts.rs")
     return m.group(1)
 
 

@@ -22,9 +22,9 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use tokio::sync::mpsc;
 
-use super::client::{Client, Conn, MAX_BODY};
+use super::http::{Client, Conn, MAX_BODY};
 use super::{b64, lease_key, StoreError};
-use crate::store::push::{Fut, Wakeups};
+use crate::store::wake::{Fut, Wakeups};
 
 enum Msg {
     Created,

@@ -51,11 +51,18 @@
 //! **`?require=sync`** refuses to lead unless an acknowledged acquisition
 //! is on a replica (see [`Sync`]).
 
+mod semisync;
+mod statements;
+mod url;
+
 use std::time::Duration;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::{Connection, Row};
 
+use self::semisync::*;
+use self::statements::*;
+pub use self::statements::{SCHEMA, TABLE_SQL};
 use super::sql::{self, lease_info, millis, Dialect, Session};
 use super::{
     AnyStore, Capabilities, Init, LeaseInfo, Replication, Schema, Store, StoreAdmin, StoreError,
@@ -63,115 +70,18 @@ use super::{
 };
 use crate::redact::Redacted;
 
-/// The same shape as the Postgres table. Names and holders compare byte for
-/// byte (`utf8mb4_bin`): the default collations are case-insensitive, which
-/// would make `Sweep` and `sweep` one lease here and two on Postgres.
-pub const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
-    name       VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
-    holder     VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
-    epoch      BIGINT NOT NULL DEFAULT 0,
-    expires_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00' -- UTC
-) ENGINE = InnoDB";
-
-pub const SCHEMA: Schema = Schema {
-    dialect: "MySQL/MariaDB",
-    sql: TABLE_SQL,
-};
-
-const EXISTS_SQL: &str = "SELECT COUNT(*) FROM information_schema.tables
-      WHERE table_schema = DATABASE() AND table_name = 'leader_lease'";
-
-/// Idempotent statements that bring a table made by an older leaderrun up
-/// to date, run by `init` in order once the table exists, before the
-/// privilege check; a login that may not alter the table skips them.
-const UPGRADE_SQL: &[&str] = &[];
-
-/// What a run does to the table, one statement per privilege, none of which
-/// reads or changes a row; `init` sends each and lists those refused (1142,
-/// 1143). Trying is the only check that counts roles, wildcards and partial
-/// revokes the way the server does. The UPDATE assigns a constant: reading
-/// a column would need SELECT too, and blame the wrong privilege.
-const PRIVILEGE_PROBES: &[(&str, &str)] = &[
-    ("SELECT", "SELECT name FROM leader_lease LIMIT 0"),
-    (
-        "INSERT",
-        "INSERT INTO leader_lease (name) SELECT 'x' FROM DUAL WHERE FALSE",
-    ),
-    (
-        "UPDATE",
-        "UPDATE leader_lease SET holder = NULL WHERE FALSE",
-    ),
-];
-
-const ENSURE_ROW_SQL: &str =
-    "INSERT INTO leader_lease (name) VALUES (?) ON DUPLICATE KEY UPDATE name = name";
-
-// ? holder, ? lease µs, ? name
-const TAKE_SQL: &str = "UPDATE leader_lease
-        SET epoch = epoch + 1, holder = ?,
-            expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-      WHERE name = ? AND (holder IS NULL OR expires_at <= UTC_TIMESTAMP(6))";
-
-const EPOCH_SQL: &str = "SELECT epoch FROM leader_lease WHERE name = ?";
-
-// ? lease µs, ? name, ? holder, ? epoch
-const RENEW_SQL: &str = "UPDATE leader_lease
-        SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-      WHERE name = ? AND holder = ? AND epoch = ? AND expires_at > UTC_TIMESTAMP(6)";
-
-// ? keep µs, ? keep µs, ? name, ? holder, ? epoch. With keep > 0 the holder
-// stays and the lease runs `keep` more (`--min-hold`); the epoch is untouched.
-const RELEASE_SQL: &str = "UPDATE leader_lease
-        SET holder = IF(? > 0, holder, NULL),
-            expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-      WHERE name = ? AND holder = ? AND epoch = ?";
-
-/// What `LeaseInfo` is read from (see `sql::lease_info`). Name and holder
-/// are converted to a non-binary collation, which the driver decodes as
-/// text (a `_bin` column reaches it flagged binary); the remaining time is
-/// clamped to ±10 years, and a zero date (possible under a lax `sql_mode`)
-/// reads as long expired rather than failing the listing.
-macro_rules! columns {
-    () => {
-        "CONVERT(name USING utf8mb4), CONVERT(holder USING utf8mb4), epoch,
-         CAST(COALESCE(GREATEST(LEAST(
-             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) DIV 1000,
-             315360000000), -315360000000), -315360000000) AS SIGNED)"
-    };
+/// The registry's constructor for `mysql://` and `mariadb://`.
+pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
+    let p = url::parse(t.url)?;
+    Ok(Box::new(MySqlStore {
+        s: Session::new(My {
+            opts: p.opts,
+            call_timeout: t.call_timeout,
+            redacted: Redacted::new(t.url),
+            require_sync: p.require_sync,
+        }),
+    }))
 }
-
-const INSPECT_SQL: &str = concat!("SELECT ", columns!(), " FROM leader_lease WHERE name = ?");
-const LIST_SQL: &str = concat!("SELECT ", columns!(), " FROM leader_lease ORDER BY name");
-// ? name, ? epoch, ? epoch
-const CLEARABLE_SQL: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM leader_lease WHERE name = ? AND holder IS NOT NULL AND (? IS NULL OR epoch = ?)
-      FOR UPDATE"
-);
-const CLEAR_SQL: &str =
-    "UPDATE leader_lease SET holder = NULL, expires_at = UTC_TIMESTAMP(6) WHERE name = ?";
-
-/// Query parameters sqlx understands (see postgres.rs for why others are
-/// refused).
-const KNOWN_PARAMS: &[&str] = &[
-    "sslmode",
-    "ssl-mode",
-    "sslca",
-    "ssl-ca",
-    "charset",
-    "collation",
-    "sslcert",
-    "ssl-cert",
-    "sslkey",
-    "ssl-key",
-    "statement-cache-capacity",
-    "socket",
-    "timezone",
-    "time-zone",
-    "password",
-    "require",
-];
 
 pub struct MySqlStore {
     s: Session<My>,
@@ -183,58 +93,6 @@ struct My {
     redacted: Redacted,
     /// `?require=sync`: lead only on what a replica acknowledged.
     require_sync: bool,
-}
-
-/// The registry's constructor for `mysql://` and `mariadb://`.
-pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
-    sql::check_params(t.url, KNOWN_PARAMS)?;
-    // sqlx would connect without selecting a database, and every statement
-    // would then fail as if the table were missing.
-    if t.url.path().trim_start_matches('/').is_empty() {
-        return Err("names no database: put it after the host \
-             (mysql://user:password@host:port/DATABASE)"
-            .to_string());
-    }
-    let mut require_sync = false;
-    for (_, v) in t.url.query_pairs().filter(|(k, _)| k == "require") {
-        match v.as_ref() {
-            "sync" => require_sync = true,
-            "none" => require_sync = false,
-            other => {
-                return Err(format!(
-                    "has require={} (expected require=sync or require=none)",
-                    crate::names::printable(other)
-                ))
-            }
-        }
-    }
-    // `require` is leaderrun's, not the driver's: sqlx is given the URL
-    // without it.
-    let mut for_driver = t.url.clone();
-    let kept: Vec<(String, String)> = t
-        .url
-        .query_pairs()
-        .filter(|(k, _)| k != "require")
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect();
-    if kept.is_empty() {
-        for_driver.set_query(None);
-    } else {
-        for_driver.query_pairs_mut().clear().extend_pairs(kept);
-    }
-    // sqlx reads the URL the same way for both schemes; `mariadb://` is
-    // only a name people use.
-    let opts = MySqlConnectOptions::from_url(&for_driver)
-        .map_err(|e| format!("is not valid: {}", sql::message(&e)))?
-        .disable_statement_logging();
-    Ok(Box::new(MySqlStore {
-        s: Session::new(My {
-            opts,
-            call_timeout: t.call_timeout,
-            redacted: Redacted::new(t.url),
-            require_sync,
-        }),
-    }))
 }
 
 /// Microseconds for `INTERVAL ? MICROSECOND`, clamped like every stored
@@ -332,146 +190,6 @@ const NO_SUCH_TABLE: u16 = 1146;
 /// (a global privilege such as PROCESS or REPLICATION CLIENT).
 fn denied(e: &sqlx::Error) -> bool {
     matches!(number(e), Some(1142 | 1143 | 1227))
-}
-
-/// # `?require=sync`
-///
-/// MySQL and MariaDB replicate asynchronously by default: a primary that
-/// fails right after acknowledging an acquisition may leave it on no
-/// replica, and a promoted replica hands the same epoch out again while the
-/// first holder runs. With semi-synchronous replication the primary waits,
-/// at commit, until a replica has the transaction, *unless* no replica
-/// acknowledges within `rpl_semi_sync_master_timeout` (10 s by default):
-/// then it switches to asynchronous replication and returns success to the
-/// client all the same. The commit's reply cannot tell the two apart.
-///
-/// What the client can see is the server's count of commits that were not
-/// acknowledged (`Rpl_semi_sync_master_no_tx`, `…_source_no_tx` on MySQL
-/// 8), which the server raises before it replies to such a commit. So with
-/// `require=sync`, each acquire, in one call on one connection:
-///
-/// 1. reads the semi-sync status and refuses unless it is ON with at least
-///    one semi-sync replica connected (nothing is written then);
-/// 2. acquires, and reads the count again: if it rose, some commit in that
-///    window went unacknowledged, possibly this one. The lease is handed
-///    back at once and the attempt reported as failed (may heal: `--wait`
-///    keeps trying), so the command is never started on an acquisition
-///    that may exist on the primary alone.
-///
-/// A renewal is checked the same way (step 2): one that may not be on a
-/// replica does not count, so the holder's deadline stays where the last
-/// acknowledged renewal put it, which is what a promoted replica would
-/// enforce. A release is not checked: losing one only delays a rival.
-///
-/// Nothing is cached: the count read before the statement must be fresh to
-/// mean anything, and a cached "ON" would let an acquisition through in the
-/// very window after a fallback that this check is for. It costs two reads
-/// of `SHOW GLOBAL STATUS` per acquire and one per renewal (each a round
-/// trip, no privilege needed). The count is server-wide, so another
-/// client's unacknowledged commit in the same moment also fails this
-/// attempt: a false alarm costs a retry, never safety. What remains: the
-/// replica that acknowledged must be the one promoted (a failover tool's
-/// job), and with MariaDB's default `rpl_semi_sync_master_wait_point =
-/// AFTER_COMMIT` other clients see the acquisition before it is
-/// acknowledged (harmless here: they see it held).
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct SemiSync {
-    /// `Rpl_semi_sync_…_status`; `None` when the server has no such
-    /// variable (the semi-sync plugin is not loaded).
-    on: Option<bool>,
-    /// Semi-sync replicas connected.
-    clients: i64,
-    /// Commits not acknowledged by a replica, since the server started.
-    no_tx: i64,
-}
-
-const SEMI_SYNC_STATUS_SQL: &str = "SHOW GLOBAL STATUS WHERE Variable_name IN (
-    'Rpl_semi_sync_master_status', 'Rpl_semi_sync_master_clients', 'Rpl_semi_sync_master_no_tx',
-    'Rpl_semi_sync_source_status', 'Rpl_semi_sync_source_clients', 'Rpl_semi_sync_source_no_tx')";
-
-const REPLICATION_VARS_SQL: &str = "SHOW GLOBAL VARIABLES WHERE Variable_name IN (
-    'rpl_semi_sync_master_enabled', 'rpl_semi_sync_source_enabled',
-    'rpl_semi_sync_master_timeout', 'rpl_semi_sync_source_timeout', 'log_bin', 'wsrep_on')";
-
-/// `SHOW …` rows as (lowercased name without the master/source prefix,
-/// value).
-async fn show(c: &mut MySqlConnection, sql: &str) -> Result<Vec<(String, String)>, sqlx::Error> {
-    let text = |r: &sqlx::mysql::MySqlRow, i: usize| -> Result<String, sqlx::Error> {
-        r.try_get::<String, _>(i).or_else(|_| {
-            r.try_get::<Vec<u8>, _>(i)
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-        })
-    };
-    let rows = sqlx::query(sql).fetch_all(&mut *c).await?;
-    rows.iter()
-        .map(|r| {
-            let name = text(r, 0)?.to_ascii_lowercase();
-            let name = name
-                .replace("rpl_semi_sync_master_", "")
-                .replace("rpl_semi_sync_source_", "");
-            Ok((name, text(r, 1)?))
-        })
-        .collect()
-}
-
-fn value<'a>(vars: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    vars.iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.as_str())
-}
-
-fn is_on(v: Option<&str>) -> bool {
-    v.is_some_and(|v| v.eq_ignore_ascii_case("ON") || v == "1")
-}
-
-async fn semi_sync(c: &mut MySqlConnection) -> Result<SemiSync, sqlx::Error> {
-    let st = show(c, SEMI_SYNC_STATUS_SQL).await?;
-    let int = |n: &str| value(&st, n).and_then(|v| v.parse().ok()).unwrap_or(0);
-    Ok(SemiSync {
-        on: value(&st, "status").map(|v| is_on(Some(v))),
-        clients: int("clients"),
-        no_tx: int("no_tx"),
-    })
-}
-
-/// Why a call did not go ahead (or was undone).
-enum Refusal {
-    /// The lease table is missing and could not be created (with the
-    /// create's error, when it gave one).
-    Table(Option<sqlx::Error>),
-    /// `require=sync`: the server has no semi-synchronous replication.
-    NoSemiSync,
-    /// `require=sync`: semi-sync is configured off.
-    SemiSyncOff,
-    /// `require=sync`: semi-sync is on but has fallen back to asynchronous.
-    FellBack,
-    /// `require=sync`: no semi-sync replica is connected.
-    NoReplica,
-    /// `require=sync`: the commit may not be on a replica.
-    NotAcknowledged { acquired: bool },
-    /// `require=sync`: the login may not read what the check needs.
-    CannotSee(String),
-}
-
-/// Step 1 of the `require=sync` check: `None` when an acquisition may go
-/// ahead.
-async fn sync_refusal(
-    c: &mut MySqlConnection,
-    st: &SemiSync,
-) -> Result<Option<Refusal>, sqlx::Error> {
-    Ok(match st.on {
-        None => Some(Refusal::NoSemiSync),
-        Some(true) if st.clients >= 1 => None,
-        Some(true) => Some(Refusal::NoReplica),
-        Some(false) => {
-            let vars = show(c, REPLICATION_VARS_SQL).await?;
-            Some(if is_on(value(&vars, "enabled")) {
-                Refusal::FellBack
-            } else {
-                Refusal::SemiSyncOff
-            })
-        }
-    })
 }
 
 /// The acquiring transaction (see the module's comment); `Some(epoch)`
@@ -870,100 +588,5 @@ impl StoreAdmin for MySqlStore {
                 })
             })
             .await
-    }
-}
-
-/// What `status` shows for the server's replication.
-fn describe_replication(vars: &[(String, String)], st: &SemiSync) -> Replication {
-    let timeout = value(vars, "timeout").unwrap_or("?");
-    if is_on(value(vars, "wsrep_on")) {
-        // A Galera commit returns once the cluster has certified it.
-        return Replication {
-            can_lose_acknowledged: Some(false),
-            detail: "Galera (wsrep_on)".into(),
-        };
-    }
-    match st.on {
-        Some(true) if st.clients >= 1 => Replication {
-            can_lose_acknowledged: Some(false),
-            detail: format!(
-                "semi-synchronous, {} replica(s) connected; falls back to asynchronous after \
-                 rpl_semi_sync_master_timeout ({timeout} ms) without an acknowledgement",
-                st.clients
-            ),
-        },
-        Some(true) => Replication {
-            can_lose_acknowledged: Some(true),
-            detail: "semi-synchronous, but no replica connected".into(),
-        },
-        Some(false) if is_on(value(vars, "enabled")) => Replication {
-            can_lose_acknowledged: Some(true),
-            detail: "semi-synchronous, fallen back to asynchronous (no replica acknowledged)"
-                .into(),
-        },
-        _ if is_on(value(vars, "log_bin")) => Replication {
-            can_lose_acknowledged: Some(true),
-            detail: "asynchronous (binary log on, semi-synchronous replication off)".into(),
-        },
-        // Storage-level replication (a replicated disk, a cloud service's
-        // standby) is invisible from here.
-        _ => Replication::unknown("binary log off: no replica is fed from this server"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    /// What `status` says follows what the server reports, and only a
-    /// working semi-sync (or Galera) is "cannot lose".
-    #[test]
-    fn replication_is_told_from_the_servers_own_variables() {
-        let sync = |on, clients| SemiSync {
-            on,
-            clients,
-            no_tx: 0,
-        };
-        let cases = [
-            (vars(&[("wsrep_on", "ON")]), sync(None, 0), Some(false)),
-            (vars(&[("enabled", "ON")]), sync(Some(true), 2), Some(false)),
-            (vars(&[("enabled", "ON")]), sync(Some(true), 0), Some(true)),
-            (vars(&[("enabled", "ON")]), sync(Some(false), 1), Some(true)),
-            (vars(&[("log_bin", "ON")]), sync(Some(false), 0), Some(true)),
-            (vars(&[("log_bin", "OFF")]), sync(Some(false), 0), None),
-            (vars(&[]), sync(None, 0), None),
-        ];
-        for (v, st, want) in cases {
-            let r = describe_replication(&v, &st);
-            assert_eq!(r.can_lose_acknowledged, want, "{v:?} {st:?}: {}", r.detail);
-        }
-    }
-
-    fn opened(url: &str) -> Result<AnyStore, String> {
-        let url = url::Url::parse(url).expect("parses");
-        open(&Target {
-            url: &url,
-            app_name: "t",
-            call_timeout: Duration::from_secs(1),
-        })
-    }
-
-    #[test]
-    fn require_takes_sync_or_none_and_names_anything_else() {
-        assert!(opened("mysql://u@h/db?require=sync").is_ok());
-        assert!(opened("mysql://u@h/db?require=none&ssl-mode=DISABLED").is_ok());
-        let e = opened("mysql://u@h/db?require=Sync")
-            .err()
-            .expect("refused");
-        assert!(e.contains("require=Sync"), "{e}");
-        let e = opened("mysql://u:pw@h").err().expect("refused");
-        assert!(e.contains("names no database"), "{e}");
     }
 }

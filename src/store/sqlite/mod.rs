@@ -34,8 +34,15 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
 
-use super::push;
+mod path;
+mod wake;
+
+pub use self::path::default_path;
+use self::path::{create_private_dir, why_unopenable};
+
+use self::wake::{touch, FileWakeups};
 use super::sql::{self, lease_info, millis, Dialect, Session};
+use super::wake::AnyWakeups;
 use super::{
     AnyStore, Capabilities, Init, LeaseInfo, ResolveError, Schema, Store, StoreAdmin, StoreError,
     Target,
@@ -148,44 +155,6 @@ pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
 /// The embedded default store (no store configured).
 pub fn open_default(busy: Duration) -> Result<AnyStore, ResolveError> {
     Ok(Box::new(SqliteStore::new(default_path()?, busy)))
-}
-
-/// Where the embedded store lives when none is configured:
-/// `$LEADERRUN_STATE_DIR/leases.db` (must be absolute); for root
-/// `/var/lib/leaderrun/leases.db`; otherwise `$XDG_STATE_HOME/leaderrun/leases.db`
-/// (a relative `XDG_STATE_HOME` is ignored, as the XDG spec says), falling
-/// back to `$HOME/.local/state/leaderrun/leases.db`. No usable `HOME` is a
-/// failure of the environment (exit 125), not a usage error.
-pub fn default_path() -> Result<PathBuf, ResolveError> {
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    if let Some(d) = var("LEADERRUN_STATE_DIR") {
-        if d.is_relative() {
-            return Err(ResolveError::Usage(
-                "LEADERRUN_STATE_DIR must be an absolute path (a relative one would name a \
-                 different file in every working directory)"
-                    .into(),
-            ));
-        }
-        return Ok(d.join("leases.db"));
-    }
-    if nix::unistd::geteuid().is_root() {
-        return Ok(PathBuf::from("/var/lib/leaderrun/leases.db"));
-    }
-    if let Some(d) = var("XDG_STATE_HOME").filter(|d| d.is_absolute()) {
-        return Ok(d.join("leaderrun").join("leases.db"));
-    }
-    match var("HOME").filter(|h| h.is_absolute()) {
-        Some(h) => Ok(h.join(".local/state/leaderrun/leases.db")),
-        None => Err(ResolveError::Failure(
-            "no store configured, and no place for the embedded one: HOME is not set to an \
-             absolute path (set LEADERRUN_STATE_DIR or --store)"
-                .into(),
-        )),
-    }
 }
 
 /// The kernel's boot id, read once per process (it cannot change while we run).
@@ -331,33 +300,6 @@ impl Dialect for Lite {
     }
 }
 
-/// SQLite says only "unable to open database file"; the file system can
-/// say why. In WAL mode SQLite writes `-wal` and `-shm` files beside the
-/// database, so the directory must be writable too, even when the file is.
-fn why_unopenable(path: &Path) -> Option<String> {
-    use nix::unistd::{access, AccessFlags};
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty())?;
-    let rw = AccessFlags::R_OK | AccessFlags::W_OK;
-    let said =
-        |p: &Path, e: nix::errno::Errno| format!("{}: {}", p.display(), e.desc().to_lowercase());
-    if path.exists() {
-        if let Err(e) = access(path, rw) {
-            return Some(said(path, e));
-        }
-    } else if !dir.is_dir() {
-        return Some(format!("{}: no such directory", dir.display()));
-    }
-    match access(dir, rw | AccessFlags::X_OK) {
-        Err(e) => Some(format!(
-            "{} (SQLite needs to write {} and its -wal and -shm files there)",
-            said(dir, e),
-            path.file_name()
-                .map_or("the database".into(), |n| n.to_string_lossy())
-        )),
-        Ok(()) => None,
-    }
-}
-
 /// The WAL is copied back into the database once it holds this many pages
 /// (4 KiB each; a run adds about four).
 const WAL_PAGES: &str = "128";
@@ -381,24 +323,6 @@ async fn keep_wal_at_close(conn: &mut SqliteConnection) -> Result<(), sqlx::Erro
         );
     }
     Ok(())
-}
-
-/// Create `dir` and its parents; directories leaderrun creates are private
-/// to their owner (0700), except the system-wide one, which others may read.
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if dir.is_dir() {
-        return Ok(());
-    }
-    let mode = if dir.starts_with("/var/lib") {
-        0o755
-    } else {
-        0o700
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(dir)
 }
 
 impl Store for SqliteStore {
@@ -461,7 +385,7 @@ impl Store for SqliteStore {
             .await?;
         // After the commit: a waiter woken now finds the lease free.
         if freed && keep.is_zero() {
-            push::touch(&self.s.d.path, name);
+            touch(&self.s.d.path, name);
         }
         Ok(freed)
     }
@@ -506,8 +430,8 @@ impl StoreAdmin for SqliteStore {
         }
     }
 
-    fn wakeups(&self) -> Option<push::AnyWakeups> {
-        Some(Box::new(push::FileWakeups::new(self.s.d.path.clone())))
+    fn wakeups(&self) -> Option<AnyWakeups> {
+        Some(Box::new(FileWakeups::new(self.s.d.path.clone())))
     }
 
     fn schema(&self) -> Option<Schema> {
@@ -567,7 +491,7 @@ impl StoreAdmin for SqliteStore {
             })
             .await?;
         if cleared.is_some() {
-            push::touch(&self.s.d.path, name);
+            touch(&self.s.d.path, name);
         }
         Ok(cleared)
     }

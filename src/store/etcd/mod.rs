@@ -7,7 +7,7 @@
 //! gateway, `/v3/...`; 3.4 also answers on the older `/v3beta/`, which 3.5
 //! dropped, so `/v3/` is the one that works on both). The calls needed here
 //! are a handful of request/response POSTs on keep-alive connections, so
-//! the client (src/store/etcd_client.rs) is a small one over tokio (and
+//! the client (http.rs) is a small one over tokio (and
 //! tokio-rustls for `etcds://`, both already built for the Redis store),
 //! not a new stack.
 //!
@@ -37,7 +37,7 @@
 //!
 //! Several endpoints (`etcd://a:2379,b:2379`): a member that refuses, fails
 //! or hangs is passed over within the call, and a call abandoned at its
-//! deadline moves the next one to another member (src/store/etcd_client.rs).
+//! deadline moves the next one to another member (http.rs).
 //! Everything sent that way may reach etcd more than once, so every write
 //! here is one that is safe to apply twice; each says why, next to it.
 //! Every request is linearizable (no `serializable` reads), so any member
@@ -46,7 +46,7 @@
 //! Push wake-ups: a `Watch` on `leaderrun/lease/NAME`, made before each
 //! attempt, fires on delete, whether by release, revocation or expiry. The
 //! gateway streams it as `/v3/watch`, one JSON object per event, on a
-//! connection of its own (src/store/etcd_watch.rs).
+//! connection of its own (wake.rs).
 //!
 //! A connection is taken out for a request and put back only once its
 //! reply was read whole, so a call abandoned by the elector's timer leaves
@@ -55,249 +55,30 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::sql::{check_params, millis};
+use super::sql::millis;
 use super::{
     AnyStore, Capabilities, Init, LeaseInfo, Replication, Store, StoreAdmin, StoreError, Target,
     MAX_STORED,
 };
 
-#[path = "etcd_client.rs"]
-mod client;
-#[path = "etcd_watch.rs"]
-mod watch;
+mod api;
+mod http;
+mod url;
+mod wake;
 
-use client::{int, Client, EtcdError, Res, Session, Step};
+use self::api::*;
+use self::http::{int, Client, EtcdError, Res, Session, Step};
+use self::url::from_url;
 
-const LEASE_PREFIX: &str = "leaderrun/lease/";
-const EPOCH_PREFIX: &str = "leaderrun/epoch/";
 pub struct EtcdStore {
     client: Client,
     /// How the store is shown: built from the parsed URL, password hidden.
     shown: String,
     /// The etcd lease behind each lease we hold here, by name: (epoch, id).
     grants: HashMap<String, (i64, i64)>,
-}
-
-/// The query parameter that carries the endpoints after the first (see
-/// [`fold_hosts`]).
-const ENDPOINT_PARAM: &str = "endpoint";
-const DEFAULT_PORT: u16 = 2379;
-
-/// Rewrite a host list, `etcd://[userinfo@]h1:p1,h2:p2[/][?query]`, into a
-/// URL the URL standard allows: the first host stays, each further one
-/// becomes an `endpoint=h2:p2` query parameter (a form that may also be
-/// written directly). The `url` crate would refuse the list ("invalid port
-/// number" at the first comma).
-///
-/// Only the text after the last `@` of the authority is touched, so a
-/// password (which may contain commas) is carried over unchanged and never
-/// inspected; a string without a comma there is returned as it was.
-pub fn fold_hosts(raw: &str) -> String {
-    let Some((scheme, rest)) = raw.split_once("://") else {
-        return raw.to_string();
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (userinfo, hosts) = match authority.rfind('@') {
-        Some(i) => authority.split_at(i + 1),
-        None => ("", authority),
-    };
-    let Some((first, more)) = hosts.split_once(',') else {
-        return raw.to_string();
-    };
-    let (path, query_and_fragment) = tail.split_at(tail.find(['?', '#']).unwrap_or(tail.len()));
-    let (query, fragment) = match query_and_fragment.find('#') {
-        Some(i) => query_and_fragment.split_at(i),
-        None => (query_and_fragment, ""),
-    };
-    let mut query = query.trim_start_matches('?').to_string();
-    for h in more.split(',') {
-        if !query.is_empty() {
-            query.push('&');
-        }
-        query.push_str(ENDPOINT_PARAM);
-        query.push('=');
-        query.push_str(h);
-    }
-    let path = if path.is_empty() { "/" } else { path };
-    format!("{scheme}://{userinfo}{first}{path}?{query}{fragment}")
-}
-
-/// One `host[:port]` (`[v6]:port` for IPv6), default port 2379.
-fn endpoint(h: &str) -> Result<(String, u16), String> {
-    let (host, port) = match h.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') || host.ends_with(']') => {
-            let port = port
-                .parse::<u16>()
-                .map_err(|_| "has an endpoint with an invalid port number".to_string())?;
-            (host, port)
-        }
-        _ => (h, DEFAULT_PORT),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
-        return Err("has an endpoint without a host".into());
-    }
-    Ok((host.to_string(), port))
-}
-
-/// `etcd://[user:password@]host[:port][,host[:port]…][/][?cacert=PATH]`
-/// (the host list folded into `endpoint=` parameters by [`fold_hosts`]);
-/// `etcds://` for TLS.
-fn from_url(url: &url::Url) -> Result<ParsedUrl, String> {
-    check_params(url, &["cacert", ENDPOINT_PARAM])?;
-    let tls = url.scheme() == "etcds";
-    let first = match url.host() {
-        Some(url::Host::Domain(d)) if !d.is_empty() => d.to_string(),
-        Some(url::Host::Ipv4(a)) => a.to_string(),
-        Some(url::Host::Ipv6(a)) => a.to_string(),
-        _ => return Err("has no host (etcd://host:2379[,host:2379…])".into()),
-    };
-    let mut endpoints = vec![(first, url.port().unwrap_or(DEFAULT_PORT))];
-    let mut ca_file = None;
-    for (k, v) in url.query_pairs() {
-        match k.as_ref() {
-            "cacert" if !v.is_empty() => ca_file = Some(std::path::PathBuf::from(v.as_ref())),
-            ENDPOINT_PARAM => endpoints.push(endpoint(&v)?),
-            _ => return Err(format!("has an empty {k}")),
-        }
-    }
-    if !matches!(url.path(), "" | "/") {
-        return Err("has a path; etcd:// takes none (etcd://host:2379[,host:2379…])".into());
-    }
-    let decode = |s: &str| {
-        percent_encoding::percent_decode_str(s)
-            .decode_utf8()
-            .map(|c| c.into_owned())
-            .map_err(|_| "has a user or password that is not valid UTF-8 once decoded".to_string())
-    };
-    let user = match (url.username(), url.password()) {
-        ("", None) => None,
-        (name, pw) => Some((decode(name)?, decode(pw.unwrap_or(""))?)),
-    };
-    // Shown in logs and errors: rebuilt from the parts, so the password
-    // is never part of it whatever it contains.
-    let mut shown = format!("{}://", url.scheme());
-    if !url.username().is_empty() || url.password().is_some() {
-        shown.push_str(url.username());
-        if url.password().is_some() {
-            shown.push_str(":***");
-        }
-        shown.push('@');
-    }
-    let hosts: Vec<String> = endpoints
-        .iter()
-        .map(|(h, p)| {
-            if h.contains(':') {
-                format!("[{h}]:{p}")
-            } else {
-                format!("{h}:{p}")
-            }
-        })
-        .collect();
-    shown.push_str(&hosts.join(","));
-    if let Some(ca) = &ca_file {
-        shown.push_str(&format!("/?cacert={}", ca.display()));
-    }
-    Ok(ParsedUrl {
-        tls,
-        endpoints,
-        user,
-        ca_file,
-        shown,
-    })
-}
-
-struct ParsedUrl {
-    tls: bool,
-    endpoints: Vec<(String, u16)>,
-    user: Option<(String, String)>,
-    ca_file: Option<std::path::PathBuf>,
-    shown: String,
-}
-
-fn b64(s: &str) -> String {
-    B64.encode(s.as_bytes())
-}
-
-fn lease_key(name: &str) -> String {
-    format!("{LEASE_PREFIX}{name}")
-}
-
-fn epoch_key(name: &str) -> String {
-    format!("{EPOCH_PREFIX}{name}")
-}
-
-/// The end of a prefix range: the prefix with its last byte + 1 (the
-/// prefixes here end in `/`, so this never overflows).
-fn prefix_end(prefix: &str) -> String {
-    let mut b = prefix.as_bytes().to_vec();
-    if let Some(last) = b.last_mut() {
-        *last += 1;
-    }
-    String::from_utf8_lossy(&b).into_owned()
-}
-
-/// A key-value from a range reply.
-struct Kv {
-    key: String,
-    value: String,
-    mod_revision: i64,
-    lease: i64,
-}
-
-fn kvs(range: &Value) -> Res<Vec<Kv>> {
-    let Some(list) = range.get("kvs").and_then(Value::as_array) else {
-        return Ok(Vec::new());
-    };
-    let text = |kv: &Value, f: &str| -> Res<String> {
-        let raw = kv.get(f).and_then(Value::as_str).unwrap_or("");
-        let bytes = B64
-            .decode(raw)
-            .map_err(|_| EtcdError::Refused(format!("etcd sent a {f} that is not base64")))?;
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
-    };
-    list.iter()
-        .map(|kv| {
-            Ok(Kv {
-                key: text(kv, "key")?,
-                value: text(kv, "value")?,
-                mod_revision: int(kv, "mod_revision"),
-                lease: int(kv, "lease"),
-            })
-        })
-        .collect()
-}
-
-/// The `i`-th response of a transaction, of the given kind.
-fn txn_part<'a>(txn: &'a Value, i: usize, kind: &str) -> Res<&'a Value> {
-    txn.get("responses")
-        .and_then(|r| r.get(i))
-        .and_then(|r| r.get(kind))
-        .ok_or_else(|| EtcdError::Refused(format!("etcd's transaction reply lacks {kind} #{i}")))
-}
-
-fn range_op(key: &str) -> Value {
-    json!({"request_range": {"key": b64(key)}})
-}
-
-fn prefix_op(prefix: &str) -> Value {
-    json!({"request_range": {"key": b64(prefix), "range_end": b64(&prefix_end(prefix))}})
-}
-
-fn lease_value(epoch: i64, holder: &str) -> String {
-    format!("{epoch}:{holder}")
-}
-
-/// `EPOCH:HOLDER` back into its parts.
-fn split_value(v: &str) -> Option<(i64, &str)> {
-    let (e, h) = v.split_once(':')?;
-    Some((e.parse().ok()?, h))
 }
 
 /// Whole seconds, rounded up, at least one.
@@ -387,7 +168,7 @@ async fn renew_on(s: &mut Session, lk: &str, value: &str, id: i64) -> Res<bool> 
 }
 
 impl EtcdStore {
-    pub fn new(url: &url::Url) -> Result<EtcdStore, String> {
+    pub fn new(url: &::url::Url) -> Result<EtcdStore, String> {
         let p = from_url(url)?;
         Ok(EtcdStore {
             client: Client::new(p.endpoints, p.tls, p.ca_file, p.user),
@@ -441,7 +222,7 @@ impl EtcdStore {
     ///
     /// The ID is ours ([`fresh_lease_id`]) rather than etcd's, so that the
     /// grant can be repeated: a copy sent to a second member while the
-    /// first hangs (src/store/etcd_client.rs), or an attempt whose reply
+    /// first hangs (http.rs), or an attempt whose reply
     /// was lost, is told "lease already exists", which here means granted.
     /// With an ID etcd picked, every repeat would leave a lease behind, and
     /// one whose reply was lost could not even be revoked.
@@ -550,7 +331,7 @@ impl EtcdStore {
             };
             let epoch = current + 1;
             let value = lease_value(epoch, holder);
-            // Safe to send to several members (src/store/etcd_client.rs):
+            // Safe to send to several members (http.rs):
             // every copy compares the counter's mod_revision with the one
             // read, and the first copy applied changes it, so at most one
             // copy puts anything. A copy applied after another one (or
@@ -856,7 +637,7 @@ impl EtcdStore {
             Ok(Err(e)) => Err(self.classify(what, e)),
             Err(_) => {
                 // The abandoned call left its mark in the client, so the
-                // next one starts at another member (etcd_client.rs).
+                // next one starts at another member (http.rs).
                 Err(StoreError::Unavailable(format!(
                     "the store {} did not answer within {}",
                     self.shown,
@@ -894,8 +675,8 @@ impl StoreAdmin for EtcdStore {
         CAPABILITIES
     }
 
-    fn wakeups(&self) -> Option<super::push::AnyWakeups> {
-        Some(Box::new(watch::EtcdWakeups::new(self.client.fresh())))
+    fn wakeups(&self) -> Option<super::wake::AnyWakeups> {
+        Some(Box::new(wake::EtcdWakeups::new(self.client.fresh())))
     }
 
     /// Nothing to create: keys appear on first use. Reaching the cluster
@@ -967,96 +748,6 @@ impl StoreAdmin for EtcdStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn parsed(raw: &str) -> Result<ParsedUrl, String> {
-        let url = url::Url::parse(&fold_hosts(raw)).map_err(|e| e.to_string())?;
-        from_url(&url)
-    }
-
-    #[test]
-    fn host_lists_are_folded_into_parameters() {
-        assert_eq!(
-            fold_hosts("etcd://a:1,b,[::1]:3"),
-            "etcd://a:1/?endpoint=b&endpoint=[::1]:3"
-        );
-        assert_eq!(
-            fold_hosts("etcds://u:p,w@a:1,b:2/?cacert=/ca.pem"),
-            "etcds://u:p,w@a:1/?cacert=/ca.pem&endpoint=b:2"
-        );
-        // One host: untouched, commas in the password included.
-        for one in ["etcd://u:a,b@h:2379", "etcd://h", "etcd://h:1/?cacert=/x,y"] {
-            assert_eq!(fold_hosts(one), one);
-        }
-        // The url crate alone refuses a host list.
-        assert!(url::Url::parse("etcd://a:1,b:2").is_err());
-    }
-
-    #[test]
-    fn urls() {
-        let p = parsed("etcd://a:1,b,[::1]:3/").expect("parses");
-        assert!(!p.tls && p.user.is_none());
-        assert_eq!(
-            p.endpoints,
-            vec![
-                ("a".to_string(), 1),
-                ("b".to_string(), 2379),
-                ("::1".to_string(), 3)
-            ]
-        );
-        assert_eq!(p.shown, "etcd://a:1,b:2379,[::1]:3");
-        let p = parsed("etcds://u:p%40ss@h:2379?cacert=/tmp/ca.pem").expect("parses");
-        assert!(p.tls);
-        assert_eq!(p.user, Some(("u".to_string(), "p@ss".to_string())));
-        assert_eq!(p.ca_file, Some("/tmp/ca.pem".into()));
-        for bad in [
-            "etcd://",
-            "etcd://h:notaport",
-            "etcd://h?what=1",
-            "etcd://a:1,b:x",
-            "etcd://h/some/path",
-        ] {
-            assert!(parsed(bad).is_err(), "{bad}");
-        }
-    }
-
-    /// A password is never shown, with one host or many, whatever it holds
-    /// (commas and colons included, which the host list also uses).
-    #[test]
-    fn passwords_are_never_shown() {
-        for (raw, shown) in [
-            ("etcd://u:Hunter2x@h:1", "etcd://u:***@h:1"),
-            ("etcd://u:Hun,ter2x@a:1,b:2", "etcd://u:***@a:1,b:2"),
-            ("etcds://u:Hun:ter2x@a,b", "etcds://u:***@a:2379,b:2379"),
-            (
-                "etcd://u:Hunter2x@a:1,b:2?cacert=/ca.pem",
-                "etcd://u:***@a:1,b:2/?cacert=/ca.pem",
-            ),
-        ] {
-            let p = parsed(raw).expect(raw);
-            assert_eq!(p.shown, shown);
-        }
-        // Through the registry, as the binary opens it: an unusable host
-        // list is refused without the string.
-        for raw in ["etcd://u:Hunter2x@a:1,b:bad", "etcd://u:Hunter2x@a:1,"] {
-            let e = match crate::store::open(
-                Some((raw, crate::store::Origin::Flag)),
-                "t",
-                Duration::from_secs(1),
-            ) {
-                Ok(s) => panic!("{raw} opened as {}", s.describe()),
-                Err(e) => e.to_string(),
-            };
-            assert!(!e.contains("Hunter2x"), "{e}");
-            assert!(e.contains("--store"), "{e}");
-        }
-        let s = crate::store::open(
-            Some(("etcd://u:Hun,ter2x@a:1,b:2", crate::store::Origin::Flag)),
-            "t",
-            Duration::from_secs(1),
-        )
-        .expect("opens");
-        assert_eq!(s.describe(), "etcd://u:***@a:1,b:2");
-    }
 
     #[test]
     fn ttl_rounds_up_to_whole_seconds() {

@@ -1,4 +1,4 @@
-//! A small HTTP/1.1 client for etcd's v3 JSON gateway (etcd.rs says why
+//! A small HTTP/1.1 client for etcd's v3 JSON gateway (mod.rs says why
 //! not gRPC): POSTs of JSON over keep-alive connections to the members the
 //! URL lists, over TCP or TLS (`etcds://`), with an auth token when the URL
 //! names a user. Errors keep etcd's gRPC status, so that the store can tell
@@ -20,7 +20,7 @@
 //!   at once. A slow member is not cut off, so a call that is merely slow
 //!   still gets its answer. This repeats a step, so every step sent this way
 //!   must be safe to apply more than once, in any order with its copies:
-//!   etcd.rs says why each one is, next to it.
+//!   mod.rs says why each one is, next to it.
 //! * **A call abandoned moves the next one on.** A call is abandoned when
 //!   the store's timeout fires or the elector drops its future at its own
 //!   deadline (the same instant, so nothing after the `await` ever runs).
@@ -54,7 +54,7 @@ pub(super) struct Conn {
     pub io: BufReader<Box<dyn Io>>,
     pub endpoint: usize,
     /// The Raft term in the last reply read on this connection, that is
-    /// from its one member (src/store/etcd.rs: the renewal's term check).
+    /// from its one member (mod.rs: the renewal's term check).
     term: Option<i64>,
 }
 

@@ -1,0 +1,155 @@
+//! What a store says and promises: the value types every store shares.
+
+use std::time::Duration;
+
+/// What the store says about a lease, by the store's own clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseInfo {
+    pub name: String,
+    pub holder: Option<String>,
+    pub epoch: i64,
+    /// Milliseconds until expiry; negative when already expired (for a
+    /// free lease on a SQL store: how long ago it was freed). `None` where
+    /// the store cannot know: a free lease on a store that deletes the
+    /// lease key (Redis, etcd) keeps no time of its end.
+    pub expires_in_ms: Option<i64>,
+}
+
+impl LeaseInfo {
+    pub fn is_live(&self) -> bool {
+        self.holder.is_some() && self.expires_in_ms.is_some_and(|ms| ms > 0)
+    }
+}
+
+/// What a store can promise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Leases are granted in whole multiples of this (a request is rounded up).
+    pub granularity: Duration,
+    /// The shortest lease the store grants.
+    pub min_lease: Duration,
+    /// The longest lease (and `--min-hold` keep) the store records; longer
+    /// requests are clamped on write.
+    pub max_lease: Duration,
+    /// Whether the store can wake a waiting contender when the lease is
+    /// freed (instead of the contender polling every `P`).
+    pub pushes_wakeups: bool,
+    /// Whether a failover of the store may extend a lease by up to its full
+    /// length (etcd: a new leader re-extends every lease by its TTL), so a
+    /// lease that could not be handed back may outlive `sent + L`.
+    pub failover_extends_lease: bool,
+}
+
+/// Ten years: far beyond any sensible lease or `--min-hold`, far inside the
+/// range of every store's time type, so no sum of "now" and a duration can
+/// overflow a column.
+pub const MAX_STORED: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+impl Capabilities {
+    /// Millisecond leases computed by the server (the SQL stores).
+    pub const MILLIS: Capabilities = Capabilities {
+        granularity: Duration::from_millis(1),
+        min_lease: Duration::from_millis(1),
+        max_lease: MAX_STORED,
+        pushes_wakeups: false,
+        failover_extends_lease: false,
+    };
+
+    /// The lease the store will really grant for `requested`: rounded up to
+    /// the granularity; refused when below the minimum or above the maximum
+    /// (silently lengthening a short lease would slow failover without the
+    /// user knowing; shortening a long one would break the timing).
+    pub fn grant(&self, requested: Duration) -> Result<Duration, String> {
+        let g = self.granularity.as_nanos().max(1);
+        let granted = requested
+            .as_nanos()
+            .div_ceil(g)
+            .checked_mul(g)
+            .and_then(|n| u64::try_from(n).ok())
+            .map(Duration::from_nanos);
+        let show = |d: Duration| humantime::format_duration(d).to_string();
+        match granted {
+            Some(d) if d < self.min_lease => Err(format!(
+                "--lease ({}) is shorter than the shortest lease this store grants ({})",
+                show(requested),
+                show(self.min_lease)
+            )),
+            Some(d) if d <= self.max_lease => Ok(d),
+            _ => Err(format!(
+                "--lease ({}) is longer than the longest lease this store grants ({})",
+                show(requested),
+                show(self.max_lease)
+            )),
+        }
+    }
+}
+
+/// The table a SQL store keeps its leases in, for `init --print`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schema {
+    /// Shown in the leading SQL comment: "PostgreSQL", "MySQL/MariaDB", …
+    pub dialect: &'static str,
+    pub sql: &'static str,
+}
+
+/// What `init` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Init {
+    /// The lease table exists now (created or already there).
+    Ready,
+    /// This store keeps no table; there is nothing to create.
+    NothingToDo,
+}
+
+/// What the store's replication can do to an acknowledged write, as
+/// `leaderrun status` shows it (docs/stores.md, "what a failover of the
+/// store can break").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replication {
+    /// `Some(true)`: a failover can lose an acknowledged acquisition (an
+    /// asynchronous replica promoted); `Some(false)`: it cannot (synchronous
+    /// replication, a quorum, a single host); `None`: the store cannot tell.
+    pub can_lose_acknowledged: Option<bool>,
+    /// One line for people: "asynchronous, 2 standbys", "single host", …
+    pub detail: String,
+}
+
+impl Replication {
+    pub fn unknown(detail: impl Into<String>) -> Replication {
+        Replication {
+            can_lose_acknowledged: None,
+            detail: detail.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grant_rounds_up_and_refuses_what_it_cannot_honour() {
+        let etcd_like = Capabilities {
+            granularity: Duration::from_secs(1),
+            min_lease: Duration::from_secs(2),
+            max_lease: MAX_STORED,
+            pushes_wakeups: true,
+            failover_extends_lease: true,
+        };
+        assert_eq!(
+            etcd_like.grant(Duration::from_millis(2500)),
+            Ok(Duration::from_secs(3))
+        );
+        assert_eq!(
+            etcd_like.grant(Duration::from_millis(1500)),
+            Ok(Duration::from_secs(2))
+        );
+        assert!(etcd_like.grant(Duration::from_millis(900)).is_err());
+        let sql = Capabilities::MILLIS;
+        assert_eq!(
+            sql.grant(Duration::from_micros(1500)),
+            Ok(Duration::from_millis(2))
+        );
+        assert!(sql.grant(MAX_STORED * 2).is_err());
+    }
+}

@@ -1,0 +1,256 @@
+//! The Lua scripts, the keys they work on, and what their replies mean.
+
+use std::sync::LazyLock;
+
+use ::redis::aio::MultiplexedConnection;
+use ::redis::{ErrorKind, RedisError, Value};
+
+use super::server::Server;
+use crate::store::{LeaseInfo, StoreError};
+
+/// `KEYS[1]` lease, `KEYS[2]` epoch; `ARGV[1]` holder, `ARGV[2]` lease ms.
+/// Returns nil when the lease is held; otherwise the new epoch and what the
+/// server that took it says about itself (`INFO server`, `replication`,
+/// `persistence`), read in the same atomic step: the identity recorded is
+/// that of the server that made the write.
+pub(super) const ACQUIRE_LUA: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local e = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], e .. ':' .. ARGV[1], 'PX', ARGV[2])
+return {e, redis.call('INFO', 'server'), redis.call('INFO', 'replication'),
+  redis.call('INFO', 'persistence')}
+";
+
+/// `KEYS[1]` lease; `ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` lease ms, `ARGV[3]`
+/// and `ARGV[4]` the run_id and master_replid of the primary that granted
+/// the lease ('' when not known: nothing to compare). Returns 1 when
+/// renewed, 0 when the lease is not ours, and `{run_id, master_replid}`
+/// when the server is not the one that granted it (then nothing is
+/// written). An expired key reads as nil, so an expired lease cannot be
+/// renewed.
+pub(super) const RENEW_LUA: &str = r"
+if ARGV[3] ~= '' then
+  local s = redis.call('INFO', 'server')
+  local r = redis.call('INFO', 'replication')
+  if not string.find(s, '\nrun_id:' .. ARGV[3] .. '\r', 1, true)
+    or not string.find(r, '\nmaster_replid:' .. ARGV[4] .. '\r', 1, true) then
+    return {string.match(s, '\nrun_id:(%x+)') or '', string.match(r, '\nmaster_replid:(%x+)') or ''}
+  end
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+";
+
+/// `KEYS[1]` lease; `ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` keep ms, `ARGV[3]`
+/// the lease's wake-up channel ('' to wake nobody). With keep > 0 the
+/// holder stays recorded until then (`--min-hold`); otherwise the lease is
+/// freed and waiters are told in the same script, so no subscriber hears of
+/// it before it is free.
+pub(super) const RELEASE_LUA: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+else
+  redis.call('DEL', KEYS[1])
+  if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], '') end
+end
+return 1
+";
+
+/// `KEYS[1]` lease, `KEYS[2]` epoch. `{counter, value, pttl}`, read in one
+/// step so the three agree.
+pub(super) const INSPECT_LUA: &str = r"
+return {redis.call('GET', KEYS[2]), redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+";
+
+/// `KEYS[1]` lease, `KEYS[2]` epoch; `ARGV[1]` the epoch to clear, or ''
+/// for any, `ARGV[2]` the wake-up channel. Returns what was cleared as
+/// INSPECT does, or nil.
+pub(super) const CLEAR_LUA: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then return false end
+if ARGV[1] ~= '' and string.sub(v, 1, string.len(ARGV[1]) + 1) ~= ARGV[1] .. ':' then
+  return false
+end
+local info = {redis.call('GET', KEYS[2]), v, redis.call('PTTL', KEYS[1])}
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], '')
+return info
+";
+
+pub(super) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(ACQUIRE_LUA));
+pub(super) static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(RENEW_LUA));
+pub(super) static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(RELEASE_LUA));
+pub(super) static INSPECT: LazyLock<Lua> = LazyLock::new(|| Lua::new(INSPECT_LUA));
+pub(super) static CLEAR: LazyLock<Lua> = LazyLock::new(|| Lua::new(CLEAR_LUA));
+
+pub(super) const PREFIX: &str = "{leaderrun:";
+pub(super) const LEASE_SUFFIX: &str = "}:lease";
+pub(super) const EPOCH_SUFFIX: &str = "}:epoch";
+
+pub(super) fn lease_key(name: &str) -> String {
+    format!("{PREFIX}{name}{LEASE_SUFFIX}")
+}
+
+pub(super) fn epoch_key(name: &str) -> String {
+    format!("{PREFIX}{name}{EPOCH_SUFFIX}")
+}
+
+/// The lease key's value: the epoch first, since it has no `:` in it, so the
+/// holder (which may) is everything after the first `:`.
+pub(super) fn lease_value(epoch: i64, holder: &str) -> String {
+    format!("{epoch}:{holder}")
+}
+
+pub(super) struct Lua {
+    pub(super) src: &'static str,
+    pub(super) sha: String,
+}
+
+impl Lua {
+    pub(super) fn new(src: &'static str) -> Lua {
+        Lua {
+            src,
+            sha: ::redis::Script::new(src).get_hash().to_string(),
+        }
+    }
+}
+
+/// `EVALSHA`, and `EVAL` of the same source when the server does not know
+/// the script (a restart, `SCRIPT FLUSH`, a failover to a fresh replica).
+pub(super) async fn eval(
+    c: &mut MultiplexedConnection,
+    lua: &Lua,
+    keys: &[String],
+    args: &[String],
+) -> Result<Value, RedisError> {
+    let build = |cmd: &str, body: &str| {
+        let mut cmd = ::redis::cmd(cmd);
+        cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
+        cmd
+    };
+    match build("EVALSHA", &lua.sha).query_async(c).await {
+        Err(e) if e.kind() == ErrorKind::NoScriptError => {
+            build("EVAL", lua.src).query_async(c).await
+        }
+        r => r,
+    }
+}
+
+pub(super) fn bad_reply(what: &str, v: &Value) -> RedisError {
+    RedisError::from((
+        ErrorKind::TypeError,
+        "unexpected reply",
+        format!("{what}: {v:?}"),
+    ))
+}
+
+pub(super) fn as_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+pub(super) fn as_text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// The acquire script's reply: `None` when held, else the epoch and the
+/// server that granted it.
+pub(super) fn parse_acquired(v: &Value) -> Result<Option<(i64, Server)>, RedisError> {
+    match v {
+        Value::Nil => Ok(None),
+        Value::Array(p) if p.len() == 4 => {
+            let epoch = as_int(&p[0]).ok_or_else(|| bad_reply("acquire", v))?;
+            let texts: Vec<String> = p[1..].iter().filter_map(as_text).collect();
+            let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+            Ok(Some((epoch, Server::parse(&texts))))
+        }
+        _ => Err(bad_reply("acquire", v)),
+    }
+}
+
+/// A lease from `{counter, value, pttl}` (INSPECT and CLEAR); `None` when
+/// the lease has neither a counter nor a holder (never acquired).
+pub(super) fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, StoreError> {
+    let bad = || StoreError::Fatal(format!("unexpected reply from Redis for {name}: {v:?}"));
+    let parts = match v {
+        Value::Nil => return Ok(None),
+        Value::Array(p) if p.len() == 3 => p,
+        _ => return Err(bad()),
+    };
+    let counter = as_int(&parts[0]);
+    let held = as_text(&parts[1]);
+    let pttl = as_int(&parts[2]).ok_or_else(bad)?;
+    Ok(match (held, counter) {
+        (Some(value), counter) => {
+            let (epoch, holder) = value.split_once(':').ok_or_else(bad)?;
+            let epoch = epoch.parse::<i64>().ok().or(counter).ok_or_else(bad)?;
+            Some(LeaseInfo {
+                name: name.to_string(),
+                holder: Some(holder.to_string()),
+                epoch,
+                // -1: a key without expiry, which only a hand-made key has.
+                expires_in_ms: Some(if pttl >= 0 { pttl } else { i64::MAX }),
+            })
+        }
+        // Free (released or expired): the counter still says which epoch
+        // was last handed out.
+        (None, Some(epoch)) => Some(LeaseInfo {
+            name: name.to_string(),
+            holder: None,
+            epoch,
+            expires_in_ms: None,
+        }),
+        (None, None) => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_a_hash_tag_whatever_the_name() {
+        for name in ["job", "a}b", "{x}", "}", "*"] {
+            let (l, e) = (lease_key(name), epoch_key(name));
+            let tag = |k: &str| {
+                let open = k.find('{').expect("open");
+                let close = open + k[open..].find('}').expect("close");
+                k[open + 1..close].to_string()
+            };
+            assert_eq!(tag(&l), tag(&e), "{name}");
+        }
+    }
+
+    #[test]
+    fn info_from_replies() {
+        let v = Value::Array(vec![
+            Value::BulkString(b"7".to_vec()),
+            Value::BulkString(b"7:host:1:abc".to_vec()),
+            Value::Int(900),
+        ]);
+        let i = parse_info("n", &v).expect("ok").expect("some");
+        assert_eq!(
+            (i.holder.as_deref(), i.epoch, i.expires_in_ms),
+            (Some("host:1:abc"), 7, Some(900))
+        );
+        let free = Value::Array(vec![
+            Value::BulkString(b"3".to_vec()),
+            Value::Nil,
+            Value::Int(-2),
+        ]);
+        let i = parse_info("n", &free).expect("ok").expect("some");
+        assert_eq!((i.holder, i.epoch), (None, 3));
+        let none = Value::Array(vec![Value::Nil, Value::Nil, Value::Int(-2)]);
+        assert_eq!(parse_info("n", &none).expect("ok"), None);
+    }
+}

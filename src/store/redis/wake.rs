@@ -1,0 +1,89 @@
+//! Push wake-ups on Redis: `SUBSCRIBE` to a channel per lease, published by
+//! the release and clear scripts.
+
+use std::pin::Pin;
+
+use crate::store::wake::{Fut, Wakeups};
+use crate::store::StoreError;
+
+/// The channel the release and clear scripts publish on for `name`. One
+/// channel per lease (Redis channel names have no length limit), in the
+/// lease's hash tag so a cluster routes it with the lease's keys.
+pub fn redis_channel(name: &str) -> String {
+    format!("{{leaderrun:{name}}}:released")
+}
+
+pub struct RedisWakeups {
+    client: ::redis::Client,
+    sub: Option<::redis::aio::PubSub>,
+}
+
+impl RedisWakeups {
+    pub fn new(client: ::redis::Client) -> RedisWakeups {
+        RedisWakeups { client, sub: None }
+    }
+}
+
+impl Wakeups for RedisWakeups {
+    fn arm<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()> {
+        Box::pin(async move {
+            let err =
+                |e: ::redis::RedisError| StoreError::Unavailable(format!("cannot SUBSCRIBE: {e}"));
+            if self.sub.is_none() {
+                let mut s = self.client.get_async_pubsub().await.map_err(err)?;
+                s.subscribe(redis_channel(name)).await.map_err(err)?;
+                self.sub = Some(s);
+            }
+            // Drain what already arrived: the attempt that follows sees it.
+            if let Some(s) = self.sub.as_mut() {
+                let mut stream = s.on_message();
+                loop {
+                    let next = std::future::poll_fn(|cx| {
+                        std::task::Poll::Ready(futures_core::Stream::poll_next(
+                            Pin::new(&mut stream),
+                            cx,
+                        ))
+                    })
+                    .await;
+                    match next {
+                        std::task::Poll::Ready(Some(_)) => continue,
+                        std::task::Poll::Ready(None) => {
+                            drop(stream);
+                            self.sub = None;
+                            return Err(StoreError::Unavailable(
+                                "the SUBSCRIBE connection was lost".into(),
+                            ));
+                        }
+                        std::task::Poll::Pending => break,
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn wake<'a>(&'a mut self, _name: &'a str) -> Fut<'a, ()> {
+        Box::pin(async move {
+            let Some(s) = self.sub.as_mut() else {
+                return Err(StoreError::Unavailable("not subscribed".into()));
+            };
+            let got = {
+                let mut stream = s.on_message();
+                std::future::poll_fn(|cx| {
+                    futures_core::Stream::poll_next(Pin::new(&mut stream), cx)
+                })
+                .await
+                .is_some()
+            };
+            if got {
+                // Only this lease's channel is subscribed.
+                Ok(())
+            } else {
+                self.sub = None;
+                Err(StoreError::Unavailable(
+                    "the SUBSCRIBE connection was lost".into(),
+                ))
+            }
+        })
+    }
+}

@@ -1,0 +1,169 @@
+//! Push wake-ups on the embedded store: an inotify watch on a directory of
+//! per-lease files.
+
+use std::path::{Path, PathBuf};
+
+use crate::store::wake::{Fut, Wakeups};
+use crate::store::StoreError;
+
+/// Why inotify on a file touched after the release, and not a `flock` the
+/// holder keeps while leading: a lock dies with the process that holds it,
+/// and when leaderrun is killed its command keeps running until the watchdog
+/// has stopped it and released the lease. A waiter woken by the lock would
+/// find the lease still held, and then have nothing left to wait on for the
+/// watchdog's release (the lock is free, so blocking on it returns at once).
+/// A file touched by whoever releases — leaderrun, its watchdog, `leaderrun
+/// release` — wakes the waiter exactly when the lease is free. What is left,
+/// leaderrun and its watchdog killed together, is an expiry, and the waiter
+/// has already scheduled its next attempt for then.
+///
+/// The directory sits beside the database (`leases.db-wake/`), one empty file
+/// per lease name; names cannot contain `/` or start with `.`, so they are
+/// safe file names and cannot collide with the temporary files below.
+pub fn wake_dir(db: &Path) -> PathBuf {
+    let mut s = db.as_os_str().to_owned();
+    s.push("-wake");
+    PathBuf::from(s)
+}
+
+/// Tell waiters on this host that `name` was freed: a file renamed into
+/// place, which inotify reports as `IN_MOVED_TO` with the lease's name.
+/// Renaming needs only the directory to be writable, whoever created the
+/// file before. Best effort: a waiter that misses it polls.
+pub fn touch(db: &Path, name: &str) {
+    let dir = wake_dir(db);
+    let attempt = || -> std::io::Result<()> {
+        if !dir.is_dir() {
+            make_dir(db, &dir)?;
+        }
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        std::fs::write(&tmp, b"")?;
+        std::fs::rename(&tmp, dir.join(name))
+    };
+    if let Err(e) = attempt() {
+        tracing::debug!(
+            event = "push_failed",
+            "cannot wake waiters ({e}); they poll"
+        );
+    }
+}
+
+/// The wake directory, with the database directory's permissions: whoever
+/// may use the database may wake and be woken.
+fn make_dir(db: &Path, dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let mode = db
+        .parent()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map_or(0o700, |m| m.permissions().mode() & 0o7777);
+    match std::fs::DirBuilder::new().mode(mode).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// tokio wants `AsRawFd`; nix's inotify offers `AsFd`.
+struct Ino(nix::sys::inotify::Inotify);
+
+impl std::os::fd::AsRawFd for Ino {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd;
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+pub struct FileWakeups {
+    db: PathBuf,
+    fd: Option<tokio::io::unix::AsyncFd<Ino>>,
+}
+
+impl FileWakeups {
+    pub fn new(db: PathBuf) -> FileWakeups {
+        FileWakeups { db, fd: None }
+    }
+
+    /// Read what is pending; `Ok(true)` when `name` was woken, an error when
+    /// the watch is gone (the directory was removed).
+    fn drain(&mut self, name: &str) -> Result<bool, StoreError> {
+        use nix::sys::inotify::AddWatchFlags as F;
+        let Some(fd) = self.fd.as_ref() else {
+            return Err(StoreError::Unavailable("not watching".into()));
+        };
+        let mut woken = false;
+        loop {
+            match fd.get_ref().0.read_events() {
+                Ok(evs) => {
+                    for ev in evs {
+                        if ev.mask.intersects(F::IN_IGNORED | F::IN_Q_OVERFLOW) {
+                            // The watch is gone, or events were dropped:
+                            // anything may have happened.
+                            self.fd = None;
+                            return Err(StoreError::Unavailable(
+                                "the wake-up directory watch ended".into(),
+                            ));
+                        }
+                        if ev.name.as_deref().and_then(|n| n.to_str()) == Some(name) {
+                            woken = true;
+                        }
+                    }
+                }
+                Err(nix::errno::Errno::EAGAIN) => return Ok(woken),
+                Err(e) => {
+                    self.fd = None;
+                    return Err(StoreError::Unavailable(format!("inotify: {e}")));
+                }
+            }
+        }
+    }
+}
+
+impl Wakeups for FileWakeups {
+    fn arm<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()> {
+        Box::pin(async move {
+            use nix::sys::inotify::{AddWatchFlags as F, InitFlags, Inotify};
+            if self.fd.is_none() {
+                let dir = wake_dir(&self.db);
+                let fail = |e: &dyn std::fmt::Display| {
+                    StoreError::Unavailable(format!("cannot watch {}: {e}", dir.display()))
+                };
+                if !dir.is_dir() {
+                    make_dir(&self.db, &dir).map_err(|e| fail(&e))?;
+                }
+                let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+                    .map_err(|e| fail(&e))?;
+                ino.add_watch(&dir, F::IN_MOVED_TO | F::IN_CLOSE_WRITE)
+                    .map_err(|e| fail(&e))?;
+                // SAFETY: `Ino` owns the descriptor, so it stays open (and
+                // the same file) for as long as the registration lives.
+                let fd = unsafe {
+                    tokio::io::unix::AsyncFd::register_with_interest(
+                        Ino(ino),
+                        tokio::io::Interest::READABLE,
+                    )
+                }
+                .map_err(|e| fail(&e.into_parts().1))?;
+                self.fd = Some(fd);
+            }
+            self.drain(name).map(|_| ())
+        })
+    }
+
+    fn wake<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()> {
+        Box::pin(async move {
+            loop {
+                let Some(fd) = self.fd.as_ref() else {
+                    return Err(StoreError::Unavailable("not watching".into()));
+                };
+                let mut ready = fd
+                    .readable()
+                    .await
+                    .map_err(|e| StoreError::Unavailable(format!("inotify: {e}")))?;
+                ready.clear_ready();
+                drop(ready);
+                if self.drain(name)? {
+                    return Ok(());
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,302 @@
+//! The store string: where it comes from, how it is parsed, and how it is
+//! refused (one line, never echoed). Each store's own parameters are read
+//! in its folder (`url.rs`); the rules every store string follows are here.
+
+use std::time::Duration;
+
+use super::REGISTRY;
+use crate::redact;
+
+/// What a constructor gets.
+pub struct Target<'a> {
+    /// The parsed store URL (scheme lowercased by the parser).
+    pub url: &'a url::Url,
+    /// Shown to the server where it can show it (Postgres `application_name`).
+    pub app_name: &'a str,
+    /// Server-side bound for one call, where the server has one.
+    pub call_timeout: Duration,
+}
+
+/// Where a store string came from; errors name it instead of echoing the
+/// string (which may hold a password).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Origin {
+    /// `--store`
+    #[default]
+    Flag,
+    /// `LEADERRUN_STORE` (clap reads it for `--store`)
+    LeaderrunStore,
+    /// `DATABASE_URL`
+    DatabaseUrl,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Origin::Flag => "--store",
+            Origin::LeaderrunStore => "LEADERRUN_STORE",
+            Origin::DatabaseUrl => "DATABASE_URL",
+        })
+    }
+}
+
+/// Why no store could be opened. Usage errors exit 2; a failure of the
+/// environment (no `HOME` for the embedded store) exits 125.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Failure(String),
+}
+
+impl ResolveError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ResolveError::Usage(_) => crate::exit::USAGE,
+            ResolveError::Failure(_) => crate::exit::FAILURE,
+        }
+    }
+}
+
+/// The store string to use: `given` (from `--store` or `LEADERRUN_STORE`, as
+/// `origin` says), else a non-empty `DATABASE_URL`. `None` means the embedded
+/// default; an explicitly empty `--store ''` or `LEADERRUN_STORE=` asks for
+/// it too, even when `DATABASE_URL` is set.
+pub fn choose(given: Option<String>, origin: Origin) -> Option<(String, Origin)> {
+    match given {
+        Some(s) if s.trim().is_empty() => None,
+        Some(s) => Some((s, origin)),
+        None => std::env::var("DATABASE_URL")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| (s, Origin::DatabaseUrl)),
+    }
+}
+pub(crate) fn known_schemes() -> String {
+    let all: Vec<String> = REGISTRY
+        .iter()
+        .flat_map(|(s, _)| s.iter())
+        .map(|s| format!("{s}://"))
+        .collect();
+    all.join(", ")
+}
+
+/// Parse a store string without ever echoing it: a URL that does not parse
+/// is named by its origin, and its scheme is shown only when it is plainly a
+/// scheme (`[a-z][a-z0-9+.-]*://`), never anything after it.
+pub(crate) fn parse(raw: &str, origin: Origin) -> Result<url::Url, ResolveError> {
+    // URL parsing drops tabs and newlines silently; the string itself goes
+    // on to the watchdog as one line of its orders, where a newline would
+    // end that line and begin another. No store string needs one.
+    if raw.chars().any(char::is_control) {
+        return Err(ResolveError::Usage(format!(
+            "the store string from {origin} contains a control character (a newline or tab?)"
+        )));
+    }
+    let Some(scheme) = redact::plain_scheme(raw) else {
+        return Err(ResolveError::Usage(format!(
+            "the store string from {origin} is not a URL leaderrun understands (expected {})",
+            known_schemes()
+        )));
+    };
+    if !REGISTRY.iter().any(|(k, _)| k.contains(&scheme)) {
+        return Err(ResolveError::Usage(format!(
+            "the store URL from {origin} has an unknown scheme {scheme}:// (expected {})",
+            known_schemes()
+        )));
+    }
+    // etcd clusters and libpq's multi-host URLs are named by a host list
+    // (`etcd://a:2379,b:2379`), which URL syntax has no room for; it is
+    // rewritten into one first.
+    let folded;
+    let raw = if matches!(scheme, "etcd" | "etcds" | "postgres" | "postgresql") {
+        folded = fold_hosts(raw);
+        folded.as_str()
+    } else {
+        raw
+    };
+    let url = url::Url::parse(raw).map_err(|e| {
+        ResolveError::Usage(format!(
+            "the store URL from {origin} is not valid: {e} \
+             (a password containing '/', '?', '#' or '@' must be percent-encoded)"
+        ))
+    })?;
+    // A '#' or an '@' after the host is what an unencoded '/', '?' or '#' in
+    // a password leaves behind when the rest happens to parse (a numeric
+    // "port"): refuse rather than connect somewhere odd and show it.
+    if url.fragment().is_some() || url.path().contains('@') {
+        return Err(ResolveError::Usage(format!(
+            "the store URL from {origin} is not valid: it has a '#' part or an '@' after the host \
+             (a password containing '/', '?', '#' or '@' must be percent-encoded)"
+        )));
+    }
+    Ok(url)
+}
+
+/// The query parameter that carries the hosts after the first (see
+/// [`fold_hosts`]).
+pub(crate) const ENDPOINT_PARAM: &str = "endpoint";
+
+/// Rewrite a host list, `etcd://[userinfo@]h1:p1,h2:p2[/][?query]`, into a
+/// URL the URL standard allows: the first host stays, each further one
+/// becomes an `endpoint=h2:p2` query parameter (a form that may also be
+/// written directly). The `url` crate would refuse the list ("invalid port
+/// number" at the first comma).
+///
+/// Only the text after the last `@` of the authority is touched, so a
+/// password (which may contain commas) is carried over unchanged and never
+/// inspected; a string without a comma there is returned as it was.
+pub(crate) fn fold_hosts(raw: &str) -> String {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return raw.to_string();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(i) => authority.split_at(i + 1),
+        None => ("", authority),
+    };
+    let Some((first, more)) = hosts.split_once(',') else {
+        return raw.to_string();
+    };
+    let (path, query_and_fragment) = tail.split_at(tail.find(['?', '#']).unwrap_or(tail.len()));
+    let (query, fragment) = match query_and_fragment.find('#') {
+        Some(i) => query_and_fragment.split_at(i),
+        None => (query_and_fragment, ""),
+    };
+    let mut query = query.trim_start_matches('?').to_string();
+    for h in more.split(',') {
+        if !query.is_empty() {
+            query.push('&');
+        }
+        query.push_str(ENDPOINT_PARAM);
+        query.push('=');
+        query.push_str(h);
+    }
+    let path = if path.is_empty() { "/" } else { path };
+    format!("{scheme}://{userinfo}{first}{path}?{query}{fragment}")
+}
+/// Refuse query parameters the driver would not understand, naming the
+/// parameter only when it looks like one: sqlx logs unknown parameters with
+/// their value, which may be a secret.
+pub(crate) fn check_params(url: &url::Url, known: &[&str]) -> Result<(), String> {
+    for (k, _) in url.query_pairs() {
+        let options_entry = known.contains(&"options") && k.starts_with("options[");
+        if !known.contains(&k.as_ref()) && !options_entry {
+            let plain = !k.is_empty()
+                && k.len() <= 40
+                && k.chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_' || c == '-');
+            return Err(if plain {
+                format!("has an unknown parameter {k}")
+            } else {
+                "has a query parameter that is not understood".to_string()
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{open, StoreAdmin};
+
+    #[test]
+    fn host_lists_are_folded_into_parameters() {
+        assert_eq!(
+            fold_hosts("etcd://a:1,b,[::1]:3"),
+            "etcd://a:1/?endpoint=b&endpoint=[::1]:3"
+        );
+        assert_eq!(
+            fold_hosts("etcds://u:p,w@a:1,b:2/?cacert=/ca.pem"),
+            "etcds://u:p,w@a:1/?cacert=/ca.pem&endpoint=b:2"
+        );
+        // One host: untouched, commas in the password included.
+        for one in ["etcd://u:a,b@h:2379", "etcd://h", "etcd://h:1/?cacert=/x,y"] {
+            assert_eq!(fold_hosts(one), one);
+        }
+        // The url crate alone refuses a host list.
+        assert!(url::Url::parse("etcd://a:1,b:2").is_err());
+    }
+
+    fn err(raw: &str) -> String {
+        match open(
+            Some((raw, Origin::DatabaseUrl)),
+            "t",
+            Duration::from_secs(1),
+        ) {
+            Ok(s) => panic!("{raw} opened as {}", s.describe()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn unparsable_strings_are_named_by_origin_never_echoed() {
+        for (raw, secret, want) in [
+            (
+                "postgres://u:pa/ss@h/db",
+                "pa/ss",
+                "from DATABASE_URL is not valid: invalid port number",
+            ),
+            ("postgres://u:p#ss@h/db", "p#ss", "is not valid"),
+            ("postgres://u:p?ss@h/db", "p?ss", "is not valid"),
+            ("mysql://u:12/34@h/db", "12/34", "is not valid"),
+            ("postgres://u:12#34@h/db", "12#34", "is not valid"),
+            (
+                "host=db password=hunter2 dbname=x",
+                "hunter2",
+                "is not a URL leaderrun understands",
+            ),
+            (
+                "memcache://:hunter2@h:11211/0",
+                "hunter2",
+                "unknown scheme memcache://",
+            ),
+            ("Xyz:hunter2@h", "hunter2", "is not a URL"),
+            ("hunter2", "hunter2", "is not a URL"),
+        ] {
+            let e = err(raw);
+            assert!(e.contains(want), "{raw}: {e}");
+            assert!(!e.contains(secret), "{raw}: echoed: {e}");
+            assert!(e.contains("DATABASE_URL"), "{e}");
+        }
+    }
+
+    /// sqlx logs parameters it does not know together with their value.
+    #[test]
+    fn unknown_parameters_are_refused_by_name_only() {
+        let e = err("postgres://u@h/db?pasword=Hunter2x");
+        assert!(e.contains("unknown parameter pasword"), "{e}");
+        let e = err("mysql://u@h/db?Hunter2x=1");
+        assert!(
+            e.contains("a query parameter that is not understood"),
+            "{e}"
+        );
+        for e in [
+            err("postgres://u@h/db?pasword=Hunter2x"),
+            err("mysql://u@h/db?Hunter2x=1"),
+        ] {
+            assert!(!e.contains("Hunter2x"), "{e}");
+        }
+    }
+
+    #[test]
+    fn passwords_are_hidden_in_the_description() {
+        for (raw, shown) in [
+            ("postgres://u:x@h/db", "postgres://u:***@h/db"),
+            (
+                "postgres://u:p%2Fs%23s@h:5/db?sslmode=disable",
+                "postgres://u:***@h:5/db?sslmode=disable",
+            ),
+            (
+                "mysql://u:x@h/db?password=y",
+                "mysql://u:***@h/db?password=***",
+            ),
+        ] {
+            let s = open(Some((raw, Origin::Flag)), "t", Duration::from_secs(1)).expect(raw);
+            assert_eq!(s.describe(), shown);
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! Push wake-ups: a hint that a lease was freed, so a waiting contender tries
+//! again at once instead of at its next poll.
+//!
+//! A wake-up decides nothing (docs/contract.md): the atomic acquire still
+//! does, and the poll every `P` stays as the fallback. So everything here may
+//! fail, arrive twice, arrive for nothing, or not arrive, without any effect
+//! on safety; the only thing it must never do is arrive *before* the lease is
+//! free and then stay silent, and it cannot: every store publishes in the
+//! same step as the release (a Postgres `NOTIFY` is delivered at commit, a
+//! Redis `PUBLISH` runs inside the release script) or after it (the embedded
+//! store touches a file once the transaction committed).
+//!
+//! The elector subscribes ([`Wakeups::arm`]) *before* every acquisition
+//! attempt, so a release that lands after the attempt found the lease held
+//! is always seen by the subscription, never between the two.
+//!
+//! Each subscription lives on a connection (or file descriptor) of its own,
+//! never on the store's command connection: a subscriber that breaks must not
+//! cost the lease loop a reconnect, and the command connection's reads must
+//! not interleave with notifications.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use super::StoreError;
+
+pub type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + 'a>>;
+
+/// A subscription to "lease NAME was freed".
+pub trait Wakeups {
+    /// Called before each acquisition attempt: subscribe when not subscribed
+    /// (rebuilding a broken subscription), and forget wake-ups already
+    /// received, which the attempt about to be made supersedes. An error
+    /// leaves the contender polling until the next attempt arms again.
+    fn arm<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()>;
+
+    /// Completes when a wake-up for `name` arrived since `arm`, or with an
+    /// error when the subscription broke (the caller then polls). Never
+    /// completes otherwise; dropping the future loses nothing.
+    fn wake<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()>;
+}
+
+pub type AnyWakeups = Box<dyn Wakeups>;
