@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::cli::{Admin, Common};
 use crate::exit;
 use crate::json::Json;
-use crate::store::{Init, LeaseInfo, Replication, Store, StoreAdmin, StoreError};
+use crate::store::{Init, LeaseInfo, Replication, Store, StoreError};
 
 /// Admin calls are one-shot; this bounds connecting plus the statement.
 const CALL: Duration = Duration::from_secs(10);
@@ -260,11 +260,7 @@ fn lease_json(l: &LeaseInfo, repl: Option<&Replication>) -> String {
     j.finish()
 }
 
-async fn release<S: StoreAdmin>(
-    store: &mut S,
-    name: &str,
-    epoch: Option<i64>,
-) -> Result<i32, StoreError> {
+async fn release(store: &mut Store, name: &str, epoch: Option<i64>) -> Result<i32, StoreError> {
     match store.clear(name, epoch, CALL).await? {
         Some(was) => {
             crate::outln!(
@@ -290,11 +286,7 @@ fn not_released(name: &str, epoch: Option<i64>) {
     }
 }
 
-async fn check<S: crate::store::Store>(
-    store: &mut S,
-    name: &str,
-    epoch: i64,
-) -> Result<i32, StoreError> {
+async fn check(store: &mut Store, name: &str, epoch: i64) -> Result<i32, StoreError> {
     let info = store.inspect(name, CALL).await?;
     match info {
         Some(l) if l.is_live() && l.epoch == epoch => Ok(0),

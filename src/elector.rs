@@ -25,8 +25,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::clock::{Clock, Stamp};
-use crate::store::wake::AnyWakeups;
-use crate::store::{LeaseInfo, Store, StoreError};
+use crate::store::{LeaseInfo, LeaseLock, StoreError, Wakeups};
 use crate::timing::Timing;
 
 /// A lease we hold.
@@ -99,15 +98,14 @@ pub trait Observer {
     fn renew_failed(&mut self, _epoch: i64) {}
 }
 
-pub struct Elector<S, C> {
-    pub store: S,
+pub struct Elector<L: LeaseLock, C> {
+    /// The lease this elector takes and holds, for its one holder.
+    pub lock: L,
     clock: C,
-    name: String,
-    holder: String,
     timing: Timing,
     observer: Option<Box<dyn Observer>>,
     /// Push wake-ups, when the store has them and they are not switched off.
-    wakeups: Option<AnyWakeups>,
+    wakeups: Option<L::Wakeups>,
     /// The subscription is known broken (logged once per outage).
     push_broken: bool,
     /// A failover of the store may extend a lease by up to its full length
@@ -126,13 +124,11 @@ fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis() as u64)
 }
 
-impl<S: Store, C: Clock> Elector<S, C> {
-    pub fn new(store: S, clock: C, name: String, holder: String, timing: Timing) -> Self {
+impl<L: LeaseLock, C: Clock> Elector<L, C> {
+    pub fn new(lock: L, clock: C, timing: Timing) -> Self {
         Elector {
-            store,
+            lock,
             clock,
-            name,
-            holder,
             timing,
             observer: None,
             wakeups: None,
@@ -148,7 +144,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
     }
 
     /// Wake up for a release instead of waiting for the next poll.
-    pub fn push(&mut self, w: AnyWakeups) {
+    pub fn push(&mut self, w: L::Wakeups) {
         self.wakeups = Some(w);
     }
 
@@ -166,7 +162,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
             biased;
             _ = self.clock.sleep_until(until) => Err(StoreError::Unavailable(format!(
                 "no subscription within {}", humantime::format_duration(round_ms(budget))))),
-            r = w.arm(&self.name) => r,
+            r = w.arm() => r,
         };
         match res {
             Ok(()) => {
@@ -224,7 +220,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
             biased;
             _ = self.clock.sleep_until(deadline) => Err(StoreError::Unavailable(format!(
                 "no answer from the store within {}", humantime::format_duration(round_ms(budget))))),
-            r = self.store.acquire(&self.name, &self.holder, self.timing.lease, budget) => r,
+            r = self.lock.acquire(self.timing.lease, budget) => r,
         };
         let Some(epoch) = res? else { return Ok(None) };
         let now = self.clock.now();
@@ -377,7 +373,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
                     _ = self.clock.sleep_until(next) => break,
                     r = async {
                         match self.wakeups.as_mut() {
-                            Some(w) => w.wake(&self.name).await,
+                            Some(w) => w.wake().await,
                             None => std::future::pending().await,
                         }
                     }, if armed => match r {
@@ -429,7 +425,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
                 _ = self.clock.sleep_until(deadline) => return lost(self.late_or_gave_up(deadline)),
                 _ = self.clock.sleep_until(sent + budget) => Err(StoreError::Unavailable(format!(
                     "no answer within {}", humantime::format_duration(round_ms(budget))))),
-                r = self.store.renew(&self.name, &self.holder, lease.epoch, t.lease, budget) => r,
+                r = self.lock.renew(lease.epoch, t.lease, budget) => r,
             };
             let now = self.clock.now();
             if now >= deadline {
@@ -499,7 +495,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
             let seen = tokio::select! {
                 biased;
                 _ = self.clock.sleep_until(now + budget) => None,
-                r = self.store.inspect(&self.name, budget) => r.ok().flatten(),
+                r = self.lock.inspect(budget) => r.ok().flatten(),
             };
             if let Some(info) = seen.filter(|i| i.is_live() && i.epoch > epoch) {
                 return info.holder;
@@ -516,11 +512,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
         if !wanted {
             return None;
         }
-        self.store
-            .inspect(&self.name, self.timing.give_up)
-            .await
-            .ok()
-            .flatten()
+        self.lock.inspect(self.timing.give_up).await.ok().flatten()
     }
 
     fn late_or_gave_up(&self, deadline: Stamp) -> LossReason {
@@ -585,7 +577,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
                 biased;
                 _ = self.clock.sleep_until(sent + budget) => Err(StoreError::Unavailable(format!(
                     "no answer within {}", humantime::format_duration(round_ms(budget))))),
-                r = self.store.release(&self.name, &self.holder, epoch, keep, budget) => r,
+                r = self.lock.release(epoch, keep, budget) => r,
             };
             let e = match res {
                 Ok(freed) => {

@@ -10,7 +10,7 @@ use tokio::sync::mpsc::unbounded_channel;
 
 use super::*;
 use crate::clock::TestClock;
-use crate::store::{LeaseInfo, Store, StoreError};
+use crate::store::{LeaseInfo, LeaseLock, StoreError, Wakeups};
 use crate::timing::{Timing, TimingArgs};
 
 fn ms(n: u64) -> Duration {
@@ -99,14 +99,10 @@ async fn play<T>(step: Option<Step<T>>, default: T) -> Result<T, StoreError> {
     }
 }
 
-impl Store for Fake {
-    async fn acquire(
-        &mut self,
-        _: &str,
-        _: &str,
-        _: Duration,
-        _: Duration,
-    ) -> Result<Option<i64>, StoreError> {
+impl LeaseLock for Fake {
+    type Wakeups = FakeWake;
+
+    async fn acquire(&mut self, _: Duration, _: Duration) -> Result<Option<i64>, StoreError> {
         let step = {
             let mut s = self.s.borrow_mut();
             s.calls.push(("acquire", self.clock.now()));
@@ -119,14 +115,7 @@ impl Store for Fake {
         }
         res
     }
-    async fn renew(
-        &mut self,
-        _: &str,
-        _: &str,
-        _: i64,
-        _: Duration,
-        budget: Duration,
-    ) -> Result<bool, StoreError> {
+    async fn renew(&mut self, _: i64, _: Duration, budget: Duration) -> Result<bool, StoreError> {
         let step = {
             let mut s = self.s.borrow_mut();
             s.calls.push(("renew", self.clock.now()));
@@ -140,14 +129,7 @@ impl Store for Fake {
         }
         res
     }
-    async fn release(
-        &mut self,
-        _: &str,
-        _: &str,
-        _: i64,
-        _: Duration,
-        budget: Duration,
-    ) -> Result<bool, StoreError> {
+    async fn release(&mut self, _: i64, _: Duration, budget: Duration) -> Result<bool, StoreError> {
         let step = {
             let mut s = self.s.borrow_mut();
             s.calls.push(("release", self.clock.now()));
@@ -156,7 +138,7 @@ impl Store for Fake {
         };
         play(step, true).await
     }
-    async fn inspect(&mut self, _: &str, _: Duration) -> Result<Option<LeaseInfo>, StoreError> {
+    async fn inspect(&mut self, _: Duration) -> Result<Option<LeaseInfo>, StoreError> {
         let now = self.clock.now();
         let (seen, hangs) = {
             let mut s = self.s.borrow_mut();
@@ -180,7 +162,7 @@ fn elector(script: Script) -> (Elector<Fake, TestClock>, Fake) {
         s: Rc::new(RefCell::new(script)),
         clock,
     };
-    let e = Elector::new(fake.clone(), clock, "n".into(), "h".into(), timing());
+    let e = Elector::new(fake.clone(), clock, timing());
     (e, fake)
 }
 
@@ -459,22 +441,20 @@ struct FakeWake {
     arms: Rc<RefCell<u32>>,
 }
 
-impl crate::store::wake::Wakeups for FakeWake {
-    fn arm<'a>(&'a mut self, _: &'a str) -> crate::store::wake::Fut<'a, ()> {
+impl Wakeups for FakeWake {
+    async fn arm(&mut self) -> Result<(), StoreError> {
         *self.arms.borrow_mut() += 1;
-        Box::pin(async { Ok(()) })
+        Ok(())
     }
-    fn wake<'a>(&'a mut self, _: &'a str) -> crate::store::wake::Fut<'a, ()> {
+    async fn wake(&mut self) -> Result<(), StoreError> {
         let next = self.wakes.borrow_mut().pop_front();
-        Box::pin(async move {
-            match next {
-                Some((d, r)) => {
-                    tokio::time::sleep(d).await;
-                    r
-                }
-                None => std::future::pending().await,
+        match next {
+            Some((d, r)) => {
+                tokio::time::sleep(d).await;
+                r
             }
-        })
+            None => std::future::pending().await,
+        }
     }
 }
 
@@ -491,7 +471,7 @@ async fn a_wake_up_brings_the_next_attempt_forward() {
     e.timing = slow_poll();
     let wake = FakeWake::default();
     wake.wakes.borrow_mut().push_back((ms(300), Ok(())));
-    e.push(Box::new(wake.clone()));
+    e.push(wake.clone());
     let (_tx, mut rx) = unbounded_channel::<i32>();
     let w = e.wait_for_lease(true, None, &mut rx).await;
     assert!(matches!(w, Waited::Acquired(_)), "{w:?}");
@@ -517,7 +497,7 @@ async fn a_broken_subscription_falls_back_to_polling() {
     wake.wakes
         .borrow_mut()
         .push_back((ms(100), Err(StoreError::Unavailable("gone".into()))));
-    e.push(Box::new(wake.clone()));
+    e.push(wake.clone());
     let (_tx, mut rx) = unbounded_channel::<i32>();
     let w = e.wait_for_lease(true, Some(ms(25_000)), &mut rx).await;
     assert!(matches!(w, Waited::TimedOut), "{w:?}");
@@ -1062,7 +1042,7 @@ async fn each_broken_subscription_is_logged_with_its_end() {
             .borrow_mut()
             .push_back((ms(100), Err(StoreError::Unavailable("gone".into()))));
     }
-    e.push(Box::new(wake.clone()));
+    e.push(wake.clone());
     let (_tx, mut rx) = unbounded_channel::<i32>();
     let (w, log) = logged(e.wait_for_lease(true, Some(ms(15_000)), &mut rx)).await;
     assert!(matches!(w, Waited::TimedOut), "{w:?}");

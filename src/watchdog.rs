@@ -807,7 +807,6 @@ impl State {
             retry: o.retry,
         };
         let res = rt.block_on(async {
-            use crate::store::StoreAdmin;
             let store = crate::store::resolve(
                 o.store.clone(),
                 o.origin,
@@ -825,8 +824,8 @@ impl State {
                 .min_hold
                 .map(|m| m.saturating_sub(now.saturating_sub(o.acquired_at)))
                 .unwrap_or_default();
-            let mut e =
-                crate::elector::Elector::new(store, clock, o.name.clone(), o.holder.clone(), t);
+            let lock = store.lock(o.name.clone(), o.holder.clone());
+            let mut e = crate::elector::Elector::new(lock, clock, t);
             Ok::<bool, String>(e.hand_back_until(o.epoch, keep, until).await)
         });
         match res {

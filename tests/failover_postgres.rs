@@ -153,8 +153,8 @@ impl Cluster {
 
 /// What `leaderrun status` says replication can lose, for `url`.
 fn replication(url: &str) -> leaderrun::store::Replication {
-    use leaderrun::store::StoreAdmin;
-    let mut s = leaderrun::store::postgres::PgStore::new(url, "test", 5 * SEC).expect("url");
+    use leaderrun::store::{open, Origin};
+    let mut s = open(Some((url, Origin::Flag)), "test", 5 * SEC).expect("url");
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -211,7 +211,7 @@ fn a_binary_log_without_semi_sync_is_asynchronous() {
 #[test]
 #[ignore = "a measurement, not a check"]
 fn require_sync_cost() {
-    use leaderrun::store::{open, Origin, Store};
+    use leaderrun::store::{open, LeaseLock, Origin};
     let primary = My::start_primary();
     let _replica = My::start_replica(&primary);
     let t = 5 * SEC;
@@ -221,25 +221,27 @@ fn require_sync_cost() {
         .expect("runtime");
     rt.block_on(async {
         let urls = [primary.url(), sync_url(&primary)];
-        let mut stores: Vec<_> = urls
-            .iter()
-            .map(|u| open(Some((u, Origin::Flag)), "cost", t).expect("open"))
-            .collect();
-        stores[0].acquire("warm", "h", t, t).await.expect("warm");
+        let lock = |u: &str, name: &str| {
+            open(Some((u, Origin::Flag)), "cost", t)
+                .expect("open")
+                .lock(name, "h")
+        };
+        lock(&urls[0], "warm").acquire(t, t).await.expect("warm");
         let mut took = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
         for i in 0..300 {
-            for (k, s) in stores.iter_mut().enumerate() {
-                let name = format!("c{k}-{i}");
+            for (k, url) in urls.iter().enumerate() {
+                // One lease per round, each a lock of its own (as one run
+                // is): a connection is made in the first call.
+                let mut s = lock(url, &format!("c{k}-{i}"));
+                s.inspect(t).await.expect("connect");
                 let t0 = Instant::now();
-                let e = s.acquire(&name, "h", t, t).await.expect("acquire");
+                let e = s.acquire(t, t).await.expect("acquire");
                 took[k][0].push(t0.elapsed());
                 let e = e.expect("free");
                 let t0 = Instant::now();
-                assert!(s.renew(&name, "h", e, t, t).await.expect("renew"));
+                assert!(s.renew(e, t, t).await.expect("renew"));
                 took[k][1].push(t0.elapsed());
-                s.release(&name, "h", e, Duration::ZERO, t)
-                    .await
-                    .expect("release");
+                s.release(e, Duration::ZERO, t).await.expect("release");
             }
         }
         let med = |v: &mut Vec<Duration>| {

@@ -6,18 +6,22 @@ use std::time::{Duration, Instant};
 
 use crate::support::etcd::Etcd;
 use crate::support::*;
-use leaderrun::store::{open, AnyStore, Origin, Store, StoreAdmin, StoreError};
+use leaderrun::store::{open, LeaseLock, Lock, Origin, Store};
 
 const L: Duration = Duration::from_secs(3);
 const T: Duration = Duration::from_secs(5);
 const ZERO: Duration = Duration::ZERO;
 
 /// Opened through the registry from the URL, as the binary does.
-fn store(url: &str) -> AnyStore {
+fn store(url: &str) -> Store {
     match open(Some((url, Origin::Flag)), "leaderrun-test", T) {
         Ok(s) => s,
         Err(e) => panic!("cannot open {url}: {e}"),
     }
+}
+
+fn lock(url: &str, name: &str, holder: &str) -> Lock {
+    store(url).lock(name, holder)
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -27,234 +31,6 @@ fn rt() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-#[test]
-fn racing_acquires_have_one_winner_at_the_next_epoch() {
-    let e = Etcd::start();
-    rt().block_on(async {
-        let mut stores: Vec<AnyStore> = (0..8).map(|_| store(&e.url())).collect();
-        for s in stores.iter_mut() {
-            s.inspect("warmup", T).await.unwrap(); // connect before the race
-        }
-        for round in 1..=5i64 {
-            let futs: Vec<_> = stores
-                .iter_mut()
-                .enumerate()
-                .map(|(i, s)| {
-                    Box::pin(
-                        async move { s.acquire("race", &format!("c{i}"), L, T).await.unwrap() },
-                    )
-                })
-                .collect();
-            let won: Vec<i64> = join_all(futs).await.into_iter().flatten().collect();
-            assert_eq!(won, vec![round], "round {round}: one winner, next epoch");
-            // Free it behind everyone's back; the counter must survive that.
-            e.ctl(&["del", "leaderrun/lease/race"]);
-        }
-        assert_eq!(e.get("leaderrun/epoch/race"), "5");
-    });
-}
-
-#[test]
-fn stale_renew_and_stale_release_are_refused() {
-    let e = Etcd::start();
-    rt().block_on(async {
-        let (mut a, mut b) = (store(&e.url()), store(&e.url()));
-        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
-        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), None);
-        assert!(!b.renew("n", "b", 1, L, T).await.unwrap(), "wrong holder");
-        assert!(!a.renew("n", "a", 2, L, T).await.unwrap(), "wrong epoch");
-        assert!(
-            !b.release("n", "a", 7, ZERO, T).await.unwrap(),
-            "wrong epoch"
-        );
-        assert!(
-            !b.release("n", "b", 1, ZERO, T).await.unwrap(),
-            "wrong holder"
-        );
-        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), None, "still held");
-        assert!(a.renew("n", "a", 1, L, T).await.unwrap());
-        // Another process (no remembered grant) can renew with the right
-        // holder and epoch too: the grant is read from the key.
-        assert!(store(&e.url()).renew("n", "a", 1, L, T).await.unwrap());
-        assert!(a.release("n", "a", 1, ZERO, T).await.unwrap());
-        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), Some(2));
-        assert!(!a.renew("n", "a", 1, L, T).await.unwrap());
-        assert!(!a.release("n", "a", 1, ZERO, T).await.unwrap());
-        let info = b.inspect("n", T).await.unwrap().expect("row");
-        assert_eq!((info.holder.as_deref(), info.epoch), (Some("b"), 2));
-        assert!(
-            info.expires_in_ms.expect("an expiry") > 1000
-                && info.expires_in_ms.expect("an expiry") <= 3000,
-            "{info:?}"
-        );
-    });
-}
-
-/// Expiry is etcd's: the key lives on an etcd lease, and etcd deletes it
-/// when the TTL runs out unless a keepalive came.
-#[test]
-fn expiry_frees_the_lease_by_the_servers_clock() {
-    let e = Etcd::start();
-    let short = Duration::from_secs(2);
-    rt().block_on(async {
-        let (mut a, mut b) = (store(&e.url()), store(&e.url()));
-        let t0 = Instant::now();
-        assert_eq!(a.acquire("n", "a", short, T).await.unwrap(), Some(1));
-        tokio::time::sleep(Duration::from_millis(1300)).await;
-        assert!(a.renew("n", "a", 1, short, T).await.unwrap());
-        tokio::time::sleep(Duration::from_millis(1300)).await;
-        // 2.6 s after acquiring: alive only thanks to the keepalive.
-        assert_eq!(b.acquire("n", "b", short, T).await.unwrap(), None);
-        let took = loop {
-            if let Some(ep) = b.acquire("n", "b", short, T).await.unwrap() {
-                assert_eq!(ep, 2);
-                break t0.elapsed();
-            }
-            assert!(t0.elapsed() < Duration::from_secs(8), "never expired");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        // Renewed at ~1.3 s with a 2 s TTL: free at ~3.3 s (etcd looks for
-        // expired leases every 500 ms), never before.
-        assert!(took >= Duration::from_millis(3200), "{took:?}");
-        assert!(!a.renew("n", "a", 1, short, T).await.unwrap(), "expired");
-        assert!(!a.release("n", "a", 1, ZERO, T).await.unwrap());
-    });
-}
-
-#[test]
-fn release_with_keep_holds_until_then() {
-    let e = Etcd::start();
-    rt().block_on(async {
-        let (mut a, mut b) = (store(&e.url()), store(&e.url()));
-        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
-        let t0 = Instant::now();
-        assert!(a
-            .release("n", "a", 1, Duration::from_secs(2), T)
-            .await
-            .unwrap());
-        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), None, "kept");
-        let info = b.inspect("n", T).await.unwrap().expect("row");
-        assert_eq!(info.holder.as_deref(), Some("a"));
-        assert!(
-            info.expires_in_ms.expect("an expiry") > 0
-                && info.expires_in_ms.expect("an expiry") <= 2000,
-            "{info:?}"
-        );
-        // The key moved to a lease of its own: the holder's was revoked.
-        assert_eq!(e.ctl(&["lease", "list"]).lines().count(), 2, "one lease");
-        loop {
-            if let Some(ep) = b.acquire("n", "b", L, T).await.unwrap() {
-                assert_eq!(ep, 2);
-                break;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(6), "kept too long");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(
-            t0.elapsed() >= Duration::from_millis(1900),
-            "{:?}",
-            t0.elapsed()
-        );
-    });
-}
-
-/// The counter rises by exactly one per acquisition (a compare on its
-/// mod_revision in the acquiring transaction), not by etcd's revision.
-#[test]
-fn a_hundred_acquisitions_raise_the_epoch_by_one_each() {
-    let e = Etcd::start();
-    rt().block_on(async {
-        let mut a = store(&e.url());
-        for want in 1..=100i64 {
-            let h = format!("h{want}");
-            assert_eq!(a.acquire("e", &h, L, T).await.unwrap(), Some(want));
-            assert!(a.release("e", &h, want, ZERO, T).await.unwrap());
-        }
-    });
-    assert_eq!(e.get("leaderrun/epoch/e"), "100");
-    assert_eq!(e.ctl(&["lease", "list"]).lines().count(), 1, "all revoked");
-}
-
-#[test]
-fn list_and_clear() {
-    let e = Etcd::start();
-    rt().block_on(async {
-        let mut a = store(&e.url());
-        assert!(a.list(T).await.unwrap().is_empty());
-        assert_eq!(a.acquire("held", "a", L, T).await.unwrap(), Some(1));
-        assert_eq!(a.acquire("freed", "a", L, T).await.unwrap(), Some(1));
-        assert!(a.release("freed", "a", 1, ZERO, T).await.unwrap());
-        e.ctl(&["put", "unrelated", "x"]);
-        let seen: Vec<_> = a
-            .list(T)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|i| (i.name.clone(), i.holder.clone(), i.epoch, i.is_live()))
-            .collect();
-        assert_eq!(
-            seen,
-            vec![
-                ("freed".to_string(), None, 1, false),
-                ("held".to_string(), Some("a".to_string()), 1, true)
-            ]
-        );
-        assert_eq!(a.clear("held", Some(2), T).await.unwrap(), None, "epoch");
-        assert_eq!(a.clear("nothing", None, T).await.unwrap(), None);
-        assert_eq!(a.clear("freed", None, T).await.unwrap(), None, "free");
-        let was = a.clear("held", Some(1), T).await.unwrap().expect("cleared");
-        assert_eq!((was.holder.as_deref(), was.epoch), (Some("a"), 1));
-        assert!(was.expires_in_ms.expect("an expiry") > 0, "{was:?}");
-        // Cleared means revoked too: the holder's keepalive fails at once.
-        assert!(!a.renew("held", "a", 1, L, T).await.unwrap(), "cleared");
-        assert_eq!(a.acquire("held", "b", L, T).await.unwrap(), Some(2));
-    });
-}
-
-#[test]
-fn names_that_look_like_injection_are_inert() {
-    let e = Etcd::start();
-    let evil = [
-        "*",
-        "{",
-        "}",
-        "a/../b",
-        "../epoch/x",
-        "x\",\"key\":\"eA==",
-        "\\",
-        "1:2",
-        "ü",
-    ];
-    rt().block_on(async {
-        let mut a = store(&e.url());
-        assert_eq!(a.acquire("plain", "p", L, T).await.unwrap(), Some(1));
-        for n in evil {
-            assert_eq!(a.acquire(n, "h:\" --", L, T).await.unwrap(), Some(1), "{n}");
-        }
-        for n in evil {
-            assert_eq!(a.acquire(n, "other", L, T).await.unwrap(), None, "{n}");
-        }
-        let names: Vec<String> = a
-            .list(T)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|i| i.name)
-            .collect();
-        let mut want: Vec<String> = evil.iter().map(|s| s.to_string()).collect();
-        want.push("plain".into());
-        want.sort();
-        assert_eq!(names, want);
-        assert!(a.clear("*", None, T).await.unwrap().is_some());
-        for n in evil.iter().filter(|n| **n != "*").chain(["plain"].iter()) {
-            let i = a.inspect(n, T).await.unwrap().expect("row");
-            assert!(i.is_live(), "{n}: {i:?}");
-        }
-        let holder = a.inspect("a/../b", T).await.unwrap().expect("row").holder;
-        assert_eq!(holder.as_deref(), Some("h:\" --"));
-    });
-}
-
 /// etcd grants whole seconds and at least its minimum (2 s at the default
 /// election timeout): a lease it would lengthen is refused, not shortened
 /// behind the holder's back; a fraction is rounded up.
@@ -262,20 +38,17 @@ fn names_that_look_like_injection_are_inert() {
 fn a_lease_shorter_than_etcds_minimum_is_refused() {
     let e = Etcd::start();
     rt().block_on(async {
-        let mut a = store(&e.url());
-        let err = a
-            .acquire("n", "a", Duration::from_secs(1), T)
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        let mut a = lock(&e.url(), "n", "a");
+        let err = a.acquire(Duration::from_secs(1), T).await.unwrap_err();
+        assert!(!err.may_heal(), "{err:?}");
         assert!(err.to_string().contains("at least 2s"), "{err}");
-        assert!(a.inspect("n", T).await.unwrap().is_none(), "nothing taken");
+        assert!(a.inspect(T).await.unwrap().is_none(), "nothing taken");
         assert_eq!(e.ctl(&["lease", "list"]).lines().count(), 1, "revoked");
         // 1.5 s becomes 2 s on the server.
-        let ep = a.acquire("n", "a", Duration::from_millis(1500), T).await;
+        let ep = a.acquire(Duration::from_millis(1500), T).await;
         assert_eq!(ep.unwrap(), Some(1));
         let ms = a
-            .inspect("n", T)
+            .inspect(T)
             .await
             .unwrap()
             .expect("row")
@@ -286,35 +59,64 @@ fn a_lease_shorter_than_etcds_minimum_is_refused() {
     });
 }
 
+/// Every etcd lease a grant made is revoked once it is no longer used: on
+/// release, when `--min-hold` moves the key to a lease of its own, and when
+/// a grant is refused. `status` lists leaderrun's keys only.
+#[test]
+fn etcd_leases_are_not_left_behind() {
+    let e = Etcd::start();
+    let leases = || e.ctl(&["lease", "list"]).lines().count() - 1;
+    rt().block_on(async {
+        let mut a = lock(&e.url(), "e", "a");
+        for want in 1..=20i64 {
+            assert_eq!(a.acquire(L, T).await.unwrap(), Some(want));
+            assert!(a.release(want, ZERO, T).await.unwrap());
+        }
+        assert_eq!(leases(), 0, "all revoked");
+        assert_eq!(a.acquire(L, T).await.unwrap(), Some(21));
+        assert!(a.release(21, Duration::from_secs(2), T).await.unwrap());
+        assert_eq!(leases(), 1, "the key moved to a lease of its own");
+        e.ctl(&["put", "unrelated", "x"]);
+        let listed: Vec<String> = store(&e.url())
+            .list(T)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+        assert_eq!(listed, ["e"]);
+    });
+}
+
 #[test]
 fn dead_server_and_wrong_password_are_told_apart() {
     let mut e = Etcd::start();
     e.enable_auth("app", "app-pw");
     rt().block_on(async {
         let good = format!("etcd://app:app-pw@127.0.0.1:{}", e.port);
-        assert_eq!(store(&good).acquire("n", "a", L, T).await.unwrap(), Some(1));
+        assert_eq!(lock(&good, "n", "a").acquire(L, T).await.unwrap(), Some(1));
 
         let url = format!("etcd://app:Wr0ngSecret@127.0.0.1:{}", e.port);
-        let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
+        let err = lock(&url, "n", "a").acquire(L, T).await.unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        assert!(!err.may_heal(), "{err:?}");
         assert!(msg.contains("authentication failed"), "{msg}");
         assert!(!msg.contains("Wr0ngSecret"), "password echoed: {msg}");
         assert!(msg.contains("etcd://app:***@"), "{msg}");
 
-        let err = store(&e.url()).acquire("n", "a", L, T).await.unwrap_err();
-        assert!(matches!(err, StoreError::Fatal(_)), "no user: {err:?}");
+        let err = lock(&e.url(), "n", "a").acquire(L, T).await.unwrap_err();
+        assert!(!err.may_heal(), "no user: {err:?}");
 
         // A user without a role for leaderrun's keys.
         e.ctl(&["user", "add", "nobody:nobody-pw"]);
         let url = format!("etcd://nobody:nobody-pw@127.0.0.1:{}", e.port);
-        let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
-        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        let err = lock(&url, "n", "a").acquire(L, T).await.unwrap_err();
+        assert!(!err.may_heal(), "{err:?}");
         assert!(err.to_string().contains("permission denied"), "{err}");
 
         let dead = format!("etcd://app:app-pw@127.0.0.1:{}", free_port());
-        let err = store(&dead).acquire("n", "a", L, T).await.unwrap_err();
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        let err = lock(&dead, "n", "a").acquire(L, T).await.unwrap_err();
+        assert!(err.may_heal(), "{err:?}");
     });
 }
 
@@ -329,16 +131,16 @@ fn blackholed_call_returns_within_its_timeout_and_endpoints_fail_over() {
     rt().block_on(async {
         let url = format!("etcd://127.0.0.1:{},127.0.0.1:{}", proxy.port, e.port);
         let alone = format!("etcd://127.0.0.1:{}", proxy.port);
-        let (mut a, mut one) = (store(&url), store(&alone));
-        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
-        assert!(one.renew("n", "a", 1, L, T).await.unwrap());
+        let (mut a, mut one) = (lock(&url, "n", "a"), lock(&alone, "n", "a"));
+        assert_eq!(a.acquire(L, T).await.unwrap(), Some(1));
+        assert!(one.renew(1, L, T).await.unwrap());
         proxy.blackhole();
         let t0 = Instant::now();
         let err = one
-            .renew("n", "a", 1, L, Duration::from_millis(300))
+            .renew(1, L, Duration::from_millis(300))
             .await
             .unwrap_err();
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(err.may_heal(), "{err:?}");
         assert!(
             t0.elapsed() < Duration::from_millis(800),
             "{:?}",
@@ -346,9 +148,7 @@ fn blackholed_call_returns_within_its_timeout_and_endpoints_fail_over() {
         );
         let t0 = Instant::now();
         assert!(
-            a.renew("n", "a", 1, L, Duration::from_millis(300))
-                .await
-                .unwrap(),
+            a.renew(1, L, Duration::from_millis(300)).await.unwrap(),
             "answered by the second endpoint within the call"
         );
         assert!(
@@ -356,19 +156,19 @@ fn blackholed_call_returns_within_its_timeout_and_endpoints_fail_over() {
             "{:?}",
             t0.elapsed()
         );
-        assert!(a.renew("n", "a", 1, L, T).await.unwrap(), "second endpoint");
+        assert!(a.renew(1, L, T).await.unwrap(), "second endpoint");
 
         let url = format!("etcd://127.0.0.1:{},127.0.0.1:{}", free_port(), e.port);
-        assert!(store(&url).renew("n", "a", 1, L, T).await.unwrap());
+        assert!(lock(&url, "n", "a").renew(1, L, T).await.unwrap());
     });
     e.freeze(true);
     rt().block_on(async {
         let t0 = Instant::now();
-        let err = store(&e.url())
-            .acquire("m", "a", L, Duration::from_millis(300))
+        let err = lock(&e.url(), "m", "a")
+            .acquire(L, Duration::from_millis(300))
             .await
             .unwrap_err();
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(err.may_heal(), "{err:?}");
         assert!(
             t0.elapsed() < Duration::from_millis(800),
             "{:?}",
@@ -442,22 +242,19 @@ fn the_binary_runs_a_command_under_an_etcd_lease() {
 fn tls_is_verified() {
     let e = Etcd::start_with(true);
     rt().block_on(async {
-        let mut a = store(&e.url());
-        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
-        assert!(a.renew("n", "a", 1, L, T).await.unwrap());
-        assert!(a.release("n", "a", 1, ZERO, T).await.unwrap());
+        let mut a = lock(&e.url(), "n", "a");
+        assert_eq!(a.acquire(L, T).await.unwrap(), Some(1));
+        assert!(a.renew(1, L, T).await.unwrap());
+        assert!(a.release(1, ZERO, T).await.unwrap());
 
         let unverified = format!("etcds://127.0.0.1:{}", e.port);
-        let err = store(&unverified)
-            .acquire("n", "a", L, T)
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        let err = lock(&unverified, "n", "a").acquire(L, T).await.unwrap_err();
+        assert!(!err.may_heal(), "{err:?}");
         assert!(err.to_string().contains("certificate"), "{err}");
 
         // Plain HTTP to the TLS port: etcd hangs up, nothing is taken.
         let plain = format!("etcd://127.0.0.1:{}", e.port);
-        let err = store(&plain).acquire("n", "a", L, T).await.unwrap_err();
+        let err = lock(&plain, "n", "a").acquire(L, T).await.unwrap_err();
         assert!(err.to_string().contains("connection"), "{err}");
     });
 }

@@ -141,7 +141,7 @@ fn expiry_is_utc_whatever_the_time_zone() {
 /// heal: the error is "unavailable", so `--wait` keeps trying.
 #[test]
 fn a_read_only_server_may_heal() {
-    use leaderrun::store::{open, Origin, Store, StoreError};
+    use leaderrun::store::{open, LeaseLock, Origin};
     let my = My::start();
     my.sql(leaderrun::store::mysql::TABLE_SQL);
     my.sql("CREATE USER 'app'@'%' IDENTIFIED BY 'apppw'");
@@ -154,11 +154,13 @@ fn a_read_only_server_may_heal() {
         .expect("runtime");
     rt.block_on(async {
         let t = Duration::from_secs(5);
-        let mut s = open(Some((&app, Origin::Flag)), "t", t).expect("open");
-        let err = s.acquire("n", "a", t, t).await.expect_err("read-only");
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        let mut s = open(Some((&app, Origin::Flag)), "t", t)
+            .expect("open")
+            .lock("n", "a");
+        let err = s.acquire(t, t).await.expect_err("read-only");
+        assert!(err.may_heal(), "{err:?}");
         my.sql("SET GLOBAL read_only = 0");
-        assert_eq!(s.acquire("n", "a", t, t).await.expect("acquire"), Some(1));
+        assert_eq!(s.acquire(t, t).await.expect("acquire"), Some(1));
     });
 }
 

@@ -2,15 +2,17 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{join_all, Pg, Proxy};
-use leaderrun::store::postgres::PgStore;
-use leaderrun::store::{Store, StoreError};
+use crate::support::{Pg, Proxy};
+use leaderrun::store::{open, LeaseLock, Lock, Origin};
 
 const L: Duration = Duration::from_secs(5);
 const T: Duration = Duration::from_secs(5);
 
-fn store(url: &str) -> PgStore {
-    PgStore::new(url, "leaderrun-test", Duration::from_secs(5)).expect("url parses")
+fn lock(url: &str, name: &str, holder: &str) -> Lock {
+    match open(Some((url, Origin::Flag)), "leaderrun-test", T) {
+        Ok(s) => s.lock(name, holder),
+        Err(e) => panic!("cannot open {url}: {e}"),
+    }
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -20,203 +22,25 @@ fn rt() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// The seed article's five steps, through the store API.
-#[test]
-fn seed_five_steps() {
-    let pg = Pg::start();
-    rt().block_on(async {
-        let (mut a, mut b) = (store(&pg.url()), store(&pg.url()));
-        // 1. node-a acquires the (missing) lease: the row is created, epoch 1.
-        assert_eq!(a.acquire("sweeper", "node-a", L, T).await.unwrap(), Some(1));
-        assert_eq!(pg.lease_row("sweeper"), "node-a|1|t");
-        // 2. node-b is refused while node-a holds it.
-        assert_eq!(b.acquire("sweeper", "node-b", L, T).await.unwrap(), None);
-        // 3. node-a renews: same epoch, later expiry.
-        let before = pg.sql("SELECT expires_at FROM leader_lease WHERE name='sweeper'");
-        assert!(a.renew("sweeper", "node-a", 1, L, T).await.unwrap());
-        let after = pg.sql("SELECT expires_at FROM leader_lease WHERE name='sweeper'");
-        assert!(
-            after > before,
-            "renewal must move expiry: {before} -> {after}"
-        );
-        assert_eq!(pg.lease_row("sweeper"), "node-a|1|t");
-        // 4. expiry forced by the database's clock; node-b takes over, epoch 2.
-        pg.sql("UPDATE leader_lease SET expires_at = now() - interval '1 second'");
-        assert_eq!(b.acquire("sweeper", "node-b", L, T).await.unwrap(), Some(2));
-        // 5. node-a's stale renewal matches nothing, and changes nothing.
-        assert!(!a.renew("sweeper", "node-a", 1, L, T).await.unwrap());
-        assert_eq!(pg.lease_row("sweeper"), "node-b|2|t");
-    });
-}
-
-#[test]
-fn renewal_needs_holder_epoch_and_life() {
-    let pg = Pg::start();
-    rt().block_on(async {
-        let mut a = store(&pg.url());
-        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
-        assert!(
-            !a.renew("n", "someone-else", 1, L, T).await.unwrap(),
-            "wrong holder"
-        );
-        assert!(!a.renew("n", "a", 2, L, T).await.unwrap(), "wrong epoch");
-        pg.sql("UPDATE leader_lease SET expires_at = now() - interval '1 ms'");
-        assert!(
-            !a.renew("n", "a", 1, L, T).await.unwrap(),
-            "expired, even if nobody took it"
-        );
-        assert_eq!(pg.lease_row("n"), "a|1|f");
-    });
-}
-
-#[test]
-fn release_frees_at_once_and_next_epoch_is_higher() {
-    let pg = Pg::start();
-    rt().block_on(async {
-        let (mut a, mut b) = (store(&pg.url()), store(&pg.url()));
-        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
-        // A stale release (wrong epoch) must not free the lease.
-        assert!(!b.release("n", "a", 7, Duration::ZERO, T).await.unwrap());
-        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), None);
-        assert!(a.release("n", "a", 1, Duration::ZERO, T).await.unwrap());
-        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), Some(2));
-        let info = a.inspect("n", T).await.unwrap().expect("row");
-        assert_eq!((info.holder.as_deref(), info.epoch), (Some("b"), 2));
-        assert!(
-            info.expires_in_ms.expect("an expiry") > 4000
-                && info.expires_in_ms.expect("an expiry") <= 5000,
-            "{info:?}"
-        );
-    });
-}
-
-#[test]
-fn release_with_keep_holds_until_then() {
-    let pg = Pg::start();
-    rt().block_on(async {
-        let (mut a, mut b) = (store(&pg.url()), store(&pg.url()));
-        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
-        assert!(a
-            .release("n", "a", 1, Duration::from_millis(800), T)
-            .await
-            .unwrap());
-        assert_eq!(
-            b.acquire("n", "b", L, T).await.unwrap(),
-            None,
-            "kept by --min-hold"
-        );
-        let info = b.inspect("n", T).await.unwrap().expect("row");
-        assert!(
-            info.expires_in_ms.expect("an expiry") <= 800
-                && info.expires_in_ms.expect("an expiry") > 0,
-            "{info:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(
-            info.expires_in_ms.expect("an expiry") as u64 + 20,
-        ))
-        .await;
-        assert_eq!(b.acquire("n", "b", L, T).await.unwrap(), Some(2));
-    });
-}
-
-/// Many contenders racing on a missing row and on an expired one: exactly one
-/// wins each round, and epochs are unique and consecutive.
-#[test]
-fn racing_acquires_have_one_winner() {
-    let pg = Pg::start();
-    rt().block_on(async {
-        let mut stores: Vec<PgStore> = (0..8).map(|_| store(&pg.url())).collect();
-        for s in stores.iter_mut() {
-            // connect (and create the table: looking never does) before
-            // the race starts
-            leaderrun::store::StoreAdmin::init(s, T).await.unwrap();
-            s.inspect("warmup", T).await.unwrap();
-        }
-        for round in 1..=5i64 {
-            let futs: Vec<_> = stores
-                .iter_mut()
-                .enumerate()
-                .map(|(i, s)| {
-                    Box::pin(
-                        async move { s.acquire("race", &format!("c{i}"), L, T).await.unwrap() },
-                    )
-                })
-                .collect();
-            let won: Vec<i64> = join_all(futs).await.into_iter().flatten().collect();
-            assert_eq!(
-                won,
-                vec![round],
-                "round {round}: exactly one winner at the next epoch"
-            );
-            pg.sql(
-                "UPDATE leader_lease SET expires_at = now() - interval '1 ms' WHERE name = 'race'",
-            );
-        }
-    });
-}
-
-#[test]
-fn names_are_parameters_not_sql() {
-    let pg = Pg::start();
-    rt().block_on(async {
-        let mut a = store(&pg.url());
-        let evil = "x'); DROP TABLE leader_lease; --";
-        assert_eq!(a.acquire(evil, "h'; --", L, T).await.unwrap(), Some(1));
-        assert_eq!(pg.sql("SELECT count(*) FROM leader_lease"), "1");
-        let info = a.inspect(evil, T).await.unwrap().expect("row");
-        assert_eq!(info.name, evil);
-    });
-}
-
-#[test]
-fn wrong_password_is_fatal_and_not_echoed() {
-    let pg = Pg::start();
-    rt().block_on(async {
-        let url = format!(
-            "postgres://postgres:Wr0ngSecret@127.0.0.1:{}/postgres?sslmode=disable",
-            pg.port
-        );
-        let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
-        let msg = err.to_string();
-        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
-        assert!(msg.contains("password authentication failed"), "{msg}");
-        assert!(!msg.contains("Wr0ngSecret"), "password echoed: {msg}");
-        assert!(msg.contains("postgres:***@"), "{msg}");
-    });
-}
-
-#[test]
-fn refused_connection_is_unavailable() {
-    let port = crate::support::free_port();
-    rt().block_on(async {
-        let url = format!("postgres://postgres:pw@127.0.0.1:{port}/postgres?sslmode=disable");
-        let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
-    });
-}
-
 #[test]
 fn blackholed_call_returns_within_its_timeout() {
     let pg = Pg::start();
     let proxy = Proxy::start(pg.port);
     rt().block_on(async {
-        let mut a = store(&pg.url_via(proxy.port));
-        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
+        let mut a = lock(&pg.url_via(proxy.port), "n", "a");
+        assert_eq!(a.acquire(L, T).await.unwrap(), Some(1));
         proxy.blackhole();
         let t0 = Instant::now();
-        let err = a
-            .renew("n", "a", 1, L, Duration::from_millis(300))
-            .await
-            .unwrap_err();
+        let err = a.renew(1, L, Duration::from_millis(300)).await.unwrap_err();
         let took = t0.elapsed();
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(err.may_heal(), "{err:?}");
         assert!(
             took >= Duration::from_millis(300) && took < Duration::from_millis(800),
             "{took:?}"
         );
         // A fresh connection is made once the link heals.
         proxy.heal();
-        assert!(a.renew("n", "a", 1, L, T).await.unwrap());
+        assert!(a.renew(1, L, T).await.unwrap());
     });
 }
 
@@ -229,16 +53,16 @@ fn missing_table_that_cannot_be_created_is_a_clear_fatal_error() {
             "postgres://app:apppw@127.0.0.1:{}/postgres?sslmode=disable",
             pg.port
         );
-        let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
+        let err = lock(&url, "n", "a").acquire(L, T).await.unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, StoreError::Fatal(_)), "{err:?}");
+        assert!(!err.may_heal(), "{err:?}");
         assert!(msg.contains("table leader_lease is missing"), "{msg}");
         assert!(msg.contains("permission denied"), "{msg}");
         assert!(!msg.contains("apppw"), "{msg}");
         // Once a DBA creates it and grants access, the same role works.
         pg.sql(leaderrun::store::postgres::TABLE_SQL);
         pg.sql("GRANT SELECT, INSERT, UPDATE ON leader_lease TO app");
-        assert_eq!(store(&url).acquire("n", "a", L, T).await.unwrap(), Some(1));
+        assert_eq!(lock(&url, "n", "a").acquire(L, T).await.unwrap(), Some(1));
     });
 }
 
@@ -270,10 +94,10 @@ fn a_table_made_by_the_previous_release_keeps_working_and_init_upgrades_it() {
         assert_eq!(out.stderr, "", "a warning on every run");
     }
     rt().block_on(async {
-        let mut a = store(&app);
-        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(1));
-        assert!(a.renew("n", "a", 1, L, T).await.unwrap());
-        assert!(a.release("n", "a", 1, Duration::ZERO, T).await.unwrap());
+        let mut a = lock(&app, "n", "a");
+        assert_eq!(a.acquire(L, T).await.unwrap(), Some(1));
+        assert!(a.renew(1, L, T).await.unwrap());
+        assert!(a.release(1, Duration::ZERO, T).await.unwrap());
     });
     let mut print = crate::support::leaderrun();
     print.args(["init", "--print", "--store", &pg.url()]);
@@ -308,30 +132,30 @@ fn a_lease_from_another_timeline_is_adopted_not_taken() {
     let pg = Pg::start();
     let short = Duration::from_millis(1500);
     rt().block_on(async {
-        let (mut a, mut b) = (store(&pg.url()), store(&pg.url()));
-        assert_eq!(a.acquire("n", "a", short, T).await.unwrap(), Some(1));
+        let (mut a, mut b) = (lock(&pg.url(), "n", "a"), lock(&pg.url(), "n", "b"));
+        assert_eq!(a.acquire(short, T).await.unwrap(), Some(1));
         // The holder renews a lease from another timeline whatever the
         // other clock's expiry says: the grant is its own.
         let foreign = "UPDATE leader_lease SET timeline = 7, expires_at = now() - interval '1 second'";
         pg.sql(foreign);
-        assert!(a.renew("n", "a", 1, short, T).await.unwrap());
-        assert!(!a.renew("n", "a", 2, short, T).await.unwrap(), "another grant");
+        assert!(a.renew(1, short, T).await.unwrap());
+        assert!(!a.renew(2, short, T).await.unwrap(), "another grant");
         assert_eq!(pg.sql("SELECT timeline, expires_at > now() FROM leader_lease"), "1|t");
         pg.sql(foreign);
         let t0 = Instant::now();
-        assert_eq!(b.acquire("n", "b", short, T).await.unwrap(), None, "taken on a foreign clock");
+        assert_eq!(b.acquire(short, T).await.unwrap(), None, "taken on a foreign clock");
         assert_eq!(pg.sql("SELECT holder, epoch, timeline, expires_at > now() + interval '1 second' FROM leader_lease"), "a|1|1|t");
         // The holder, if it still runs, renews the adopted lease.
-        assert!(a.renew("n", "a", 1, short, T).await.unwrap());
-        assert_eq!(b.acquire("n", "b", short, T).await.unwrap(), None);
+        assert!(a.renew(1, short, T).await.unwrap());
+        assert_eq!(b.acquire(short, T).await.unwrap(), None);
         // Once that lease has passed by this server's clock: taken.
         tokio::time::sleep(short + Duration::from_millis(50)).await;
-        assert_eq!(b.acquire("n", "b", short, T).await.unwrap(), Some(2));
+        assert_eq!(b.acquire(short, T).await.unwrap(), Some(2));
         assert!(t0.elapsed() >= short);
         // A released lease from another timeline is free: taken at once.
-        assert!(b.release("n", "b", 2, Duration::ZERO, T).await.unwrap());
+        assert!(b.release(2, Duration::ZERO, T).await.unwrap());
         pg.sql("UPDATE leader_lease SET timeline = 7");
-        assert_eq!(a.acquire("n", "a", short, T).await.unwrap(), Some(3));
+        assert_eq!(a.acquire(short, T).await.unwrap(), Some(3));
     });
 }
 
@@ -351,9 +175,9 @@ fn a_commit_that_comes_back_with_a_warning_is_not_a_lease() {
     let warn = "CREATE TRIGGER w BEFORE INSERT OR UPDATE ON leader_lease FOR EACH ROW EXECUTE FUNCTION warn()";
     pg.sql(warn);
     rt().block_on(async {
-        let mut a = store(&pg.url());
-        let err = a.acquire("n", "a", L, T).await.unwrap_err();
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        let mut a = lock(&pg.url(), "n", "a");
+        let err = a.acquire(L, T).await.unwrap_err();
+        assert!(err.may_heal(), "{err:?}");
         let msg = err.to_string();
         assert!(
             msg.contains("committed locally, maybe") && msg.contains("handed it back"),
@@ -361,10 +185,10 @@ fn a_commit_that_comes_back_with_a_warning_is_not_a_lease() {
         );
         assert_eq!(pg.lease_row("n"), "|1|f", "not handed back");
         pg.sql("DROP TRIGGER w ON leader_lease");
-        assert_eq!(a.acquire("n", "a", L, T).await.unwrap(), Some(2));
+        assert_eq!(a.acquire(L, T).await.unwrap(), Some(2));
         pg.sql(warn);
-        let err = a.renew("n", "a", 2, L, T).await.unwrap_err();
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        let err = a.renew(2, L, T).await.unwrap_err();
+        assert!(err.may_heal(), "{err:?}");
     });
 }
 
@@ -383,8 +207,8 @@ fn a_host_list_is_tried_in_order() {
         rw.port
     );
     rt().block_on(async {
-        let mut s = store(&url);
-        assert_eq!(s.acquire("n", "a", L, T).await.unwrap(), Some(1));
+        let mut s = lock(&url, "n", "a");
+        assert_eq!(s.acquire(L, T).await.unwrap(), Some(1));
     });
     assert_eq!(rw.lease_row("n"), "a|1|t");
     assert!(
@@ -399,9 +223,9 @@ fn a_host_list_is_tried_in_order() {
         ro.port
     );
     rt().block_on(async {
-        let err = store(&url).acquire("n", "a", L, T).await.unwrap_err();
+        let err = lock(&url, "n", "a").acquire(L, T).await.unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(err.may_heal(), "{err:?}");
         assert!(
             msg.contains(&format!("127.0.0.1:{down}")) && msg.contains("read-only"),
             "{msg}"

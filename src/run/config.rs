@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::cli::{Common, RunArgs};
 use crate::exit;
 use crate::names;
-use crate::store::{AnyStore, StoreAdmin};
+use crate::store::Store;
 use crate::timing::{Timing, TimingArgs};
 
 /// Everything the run form needs, validated.
@@ -18,7 +18,7 @@ pub struct RunConfig {
     pub name: String,
     pub holder: String,
     pub timing: Timing,
-    pub store: AnyStore,
+    pub store: Store,
     pub wait: bool,
     pub timeout: Option<Duration>,
     pub min_hold: Option<Duration>,

@@ -23,7 +23,7 @@ use crate::cli::{one_line_error, Cli};
 use crate::clock::{BootClock, Clock};
 use crate::elector::{describe_held, Elector, Lease, Lost, Observer, Waited};
 use crate::report::{self, Reporter};
-use crate::store::{AnyStore, LeaseInfo, StoreAdmin};
+use crate::store::{LeaseInfo, Lock};
 use crate::supervisor;
 use crate::terminal::Terminal;
 use crate::timing::Timing;
@@ -211,7 +211,7 @@ struct Run {
     store_arg: Option<String>,
     store_origin: crate::store::Origin,
     log: (u8, bool, bool),
-    elector: Elector<AnyStore, BootClock>,
+    elector: Elector<Lock, BootClock>,
     report: Rc<RefCell<Reporter>>,
     watchdog: Rc<RefCell<Option<Watchdog>>>,
     /// A watchdog told `done`, reaped as the run ends.
@@ -228,9 +228,10 @@ impl Run {
             cfg.store.describe(),
             cfg.holder
         );
-        let wakeups = if cfg.push { cfg.store.wakeups() } else { None };
-        let extends = cfg.store.capabilities().failover_extends_lease;
-        let mut elector = Elector::new(cfg.store, clock, cfg.name.clone(), cfg.holder.clone(), t);
+        let lock = cfg.store.lock(cfg.name.clone(), cfg.holder.clone());
+        let wakeups = if cfg.push { lock.wakeups() } else { None };
+        let extends = lock.capabilities().failover_extends_lease;
+        let mut elector = Elector::new(lock, clock, t);
         elector.failover_extends_lease(extends);
         if let Some(w) = wakeups {
             elector.push(w);

@@ -37,10 +37,20 @@
 //! Calls take a `timeout` as a second guard; the elector also races every
 //! call against its own give-up timer, so a hung call never delays step-down.
 //!
+//! # The shape
+//!
+//! A [`Store`] is what a store string names: one of the backends below, not
+//! yet connected. The operators' side (`status`, `release`, `init`) calls it
+//! directly; the lease loop takes a [`Lock`] from it, bound to one lease name
+//! and one holder (like client-go's resource lock), through the small
+//! [`LeaseLock`] trait the elector is generic over.
+//!
 //! # Adding a store
 //!
-//! One file implementing [`Store`] and [`StoreAdmin`], and one line in
-//! [`REGISTRY`] naming its URL schemes and its constructor.
+//! A folder implementing [`Backend`] once (its URL parsing in `url.rs`, its
+//! push wake-ups in `wake.rs`), a variant of [`Store`] with its arm in
+//! `each!`, and one line in [`REGISTRY`] naming its URL schemes and its
+//! constructor.
 
 mod error;
 pub mod etcd;
@@ -53,14 +63,13 @@ pub mod sqlite;
 mod target;
 pub mod wake;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 pub use error::StoreError;
 pub use lease::{Capabilities, Init, LeaseInfo, Replication, Schema, MAX_STORED};
 pub use target::{choose, Origin, ResolveError, Target};
 use target::{known_schemes, parse};
+pub use wake::{Subscription, Wakeups};
 
 /// One line per store: the URL schemes it answers to and how to open it.
 /// `open` checks the URL's syntax and connects to nothing.
@@ -74,60 +83,49 @@ pub const REGISTRY: &[(&[&str], Open)] = &[
 
 /// A store constructor: the parsed URL in, a store (not yet connected) out,
 /// or a one-line usage error that never contains the password.
-pub type Open = fn(&Target<'_>) -> Result<AnyStore, String>;
+pub type Open = fn(&Target<'_>) -> Result<Store, String>;
 
-/// The lease loop's calls (the elector's view of a store).
-pub trait Store {
-    /// Take the lease for `lease`; `Some(epoch)` when taken, `None` when held.
-    fn acquire(
-        &mut self,
-        name: &str,
-        holder: &str,
-        lease: Duration,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Option<i64>, StoreError>>;
-
-    /// Extend the lease to `lease` from now; `false` when it is no longer ours.
-    fn renew(
-        &mut self,
-        name: &str,
-        holder: &str,
-        epoch: i64,
-        lease: Duration,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>>;
-
-    /// Give the lease up. With `keep` > 0 the holder stays recorded and the
-    /// lease ends `keep` from now (for `--min-hold`); otherwise it is free at
-    /// once. `false` when it was no longer ours.
-    fn release(
-        &mut self,
-        name: &str,
-        holder: &str,
-        epoch: i64,
-        keep: Duration,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>>;
-
-    fn inspect(
-        &mut self,
-        name: &str,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Option<LeaseInfo>, StoreError>>;
+/// Any store the registry can open, not yet connected.
+pub enum Store {
+    Postgres(postgres::PgStore),
+    MySql(mysql::MySqlStore),
+    Redis(redis::RedisStore),
+    Etcd(etcd::EtcdStore),
+    Sqlite(sqlite::SqliteStore),
 }
 
-/// Everything beyond the lease loop: what the store is, what it promises,
-/// and the operators' subcommands. Every store implements all of it.
-pub trait StoreAdmin: Store {
+/// `$e` with `$b` bound to the store behind `$s`, whichever it is.
+macro_rules! each {
+    ($s:expr, $b:ident => $e:expr) => {
+        match $s {
+            Store::Postgres($b) => $e,
+            Store::MySql($b) => $e,
+            Store::Redis($b) => $e,
+            Store::Etcd($b) => $e,
+            Store::Sqlite($b) => $e,
+        }
+    };
+}
+
+/// The identity a lock is built for: which lease, held by whom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseKey {
+    pub name: String,
+    pub holder: String,
+}
+
+/// What every store implements, once: the lease loop's calls for a key,
+/// and the operators' calls. Reached through [`Store`] and [`Lock`].
+pub(crate) trait Backend {
     /// The store as shown in logs and errors; never contains a password.
     fn describe(&self) -> String;
 
     fn capabilities(&self) -> Capabilities;
 
-    /// A subscription to "this lease was freed" on a connection of its own
-    /// (src/store/wake.rs), for stores whose capabilities say they push
+    /// A subscription to "lease `name` was freed" on a connection of its
+    /// own (src/store/wake.rs), for stores whose capabilities say they push
     /// wake-ups; `None` elsewhere. Connects to nothing until armed.
-    fn wakeups(&self) -> Option<wake::AnyWakeups> {
+    fn wakeups(&self, _name: &str) -> Option<Subscription> {
         None
     }
 
@@ -136,214 +134,225 @@ pub trait StoreAdmin: Store {
         None
     }
 
+    /// Take the lease for `lease`; `Some(epoch)` when taken, `None` when held.
+    async fn acquire(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Option<i64>, StoreError>;
+
+    /// Extend the lease to `lease` from now; `false` when it is no longer
+    /// `key`'s at `epoch`.
+    async fn renew(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// Give the lease up. With `keep` > 0 the holder stays recorded and the
+    /// lease ends `keep` from now (for `--min-hold`); otherwise it is free at
+    /// once. `false` when it was no longer `key`'s at `epoch`.
+    async fn release(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError>;
+
+    async fn inspect(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError>;
+
     /// Create what the store needs (the lease table), when missing.
-    fn init(&mut self, _timeout: Duration) -> impl Future<Output = Result<Init, StoreError>> {
-        async { Ok(Init::NothingToDo) }
+    async fn init(&mut self, _timeout: Duration) -> Result<Init, StoreError> {
+        Ok(Init::NothingToDo)
     }
 
     /// What the store's replication can lose (for `status`). Stores that
     /// cannot tell keep the default.
-    fn replication(
-        &mut self,
-        _timeout: Duration,
-    ) -> impl Future<Output = Result<Replication, StoreError>> {
-        async { Ok(Replication::unknown("not known")) }
+    async fn replication(&mut self, _timeout: Duration) -> Result<Replication, StoreError> {
+        Ok(Replication::unknown("not known"))
     }
 
     /// Every lease, by name. A row a store cannot make sense of is shown
     /// clamped, never fails the whole list.
-    fn list(
-        &mut self,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Vec<LeaseInfo>, StoreError>>;
+    async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError>;
 
     /// Clear the holder (optionally only at `epoch`); the lease is free at
     /// once and the next acquisition still raises the epoch. Returns the
     /// lease as it was, or `None` when there was nothing to clear.
-    fn clear(
+    async fn clear(
         &mut self,
         name: &str,
         epoch: Option<i64>,
         timeout: Duration,
-    ) -> impl Future<Output = Result<Option<LeaseInfo>, StoreError>>;
+    ) -> Result<Option<LeaseInfo>, StoreError>;
 }
 
-type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + 'a>>;
+/// The operators' side, and what the run form asks before it takes a lock.
+impl Store {
+    /// The store as shown in logs and errors; never contains a password.
+    pub fn describe(&self) -> String {
+        each!(self, b => b.describe())
+    }
 
-/// [`Store`] + [`StoreAdmin`] as a trait object, so the registry can hand out
-/// any store as one type. Implemented for every store; call it through
-/// [`AnyStore`]'s `Store`/`StoreAdmin` impls.
-pub trait DynStore {
-    fn acquire_dyn<'a>(
-        &'a mut self,
-        n: &'a str,
-        h: &'a str,
-        l: Duration,
-        t: Duration,
-    ) -> Fut<'a, Option<i64>>;
-    fn renew_dyn<'a>(
-        &'a mut self,
-        n: &'a str,
-        h: &'a str,
-        e: i64,
-        l: Duration,
-        t: Duration,
-    ) -> Fut<'a, bool>;
-    fn release_dyn<'a>(
-        &'a mut self,
-        n: &'a str,
-        h: &'a str,
-        e: i64,
-        k: Duration,
-        t: Duration,
-    ) -> Fut<'a, bool>;
-    fn inspect_dyn<'a>(&'a mut self, n: &'a str, t: Duration) -> Fut<'a, Option<LeaseInfo>>;
-    fn describe_dyn(&self) -> String;
-    fn capabilities_dyn(&self) -> Capabilities;
-    fn wakeups_dyn(&self) -> Option<wake::AnyWakeups>;
-    fn schema_dyn(&self) -> Option<Schema>;
-    fn init_dyn(&mut self, t: Duration) -> Fut<'_, Init>;
-    fn replication_dyn(&mut self, t: Duration) -> Fut<'_, Replication>;
-    fn list_dyn(&mut self, t: Duration) -> Fut<'_, Vec<LeaseInfo>>;
-    fn clear_dyn<'a>(
-        &'a mut self,
-        n: &'a str,
-        e: Option<i64>,
-        t: Duration,
-    ) -> Fut<'a, Option<LeaseInfo>>;
-}
+    pub fn capabilities(&self) -> Capabilities {
+        each!(self, b => b.capabilities())
+    }
 
-impl<S: StoreAdmin> DynStore for S {
-    fn acquire_dyn<'a>(
-        &'a mut self,
-        n: &'a str,
-        h: &'a str,
-        l: Duration,
-        t: Duration,
-    ) -> Fut<'a, Option<i64>> {
-        Box::pin(self.acquire(n, h, l, t))
+    /// A subscription to "lease `name` was freed", where the store pushes.
+    pub fn wakeups(&self, name: &str) -> Option<Subscription> {
+        each!(self, b => b.wakeups(name))
     }
-    fn renew_dyn<'a>(
-        &'a mut self,
-        n: &'a str,
-        h: &'a str,
-        e: i64,
-        l: Duration,
-        t: Duration,
-    ) -> Fut<'a, bool> {
-        Box::pin(self.renew(n, h, e, l, t))
+
+    /// The table's SQL, for stores that keep one.
+    pub fn schema(&self) -> Option<Schema> {
+        each!(self, b => b.schema())
     }
-    fn release_dyn<'a>(
-        &'a mut self,
-        n: &'a str,
-        h: &'a str,
-        e: i64,
-        k: Duration,
-        t: Duration,
-    ) -> Fut<'a, bool> {
-        Box::pin(self.release(n, h, e, k, t))
+
+    pub async fn inspect(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        each!(self, b => b.inspect(name, timeout).await)
     }
-    fn inspect_dyn<'a>(&'a mut self, n: &'a str, t: Duration) -> Fut<'a, Option<LeaseInfo>> {
-        Box::pin(self.inspect(n, t))
+
+    pub async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
+        each!(self, b => b.init(timeout).await)
     }
-    fn describe_dyn(&self) -> String {
-        self.describe()
+
+    pub async fn replication(&mut self, timeout: Duration) -> Result<Replication, StoreError> {
+        each!(self, b => b.replication(timeout).await)
     }
-    fn capabilities_dyn(&self) -> Capabilities {
-        self.capabilities()
+
+    pub async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
+        each!(self, b => b.list(timeout).await)
     }
-    fn wakeups_dyn(&self) -> Option<wake::AnyWakeups> {
-        self.wakeups()
+
+    pub async fn clear(
+        &mut self,
+        name: &str,
+        epoch: Option<i64>,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        each!(self, b => b.clear(name, epoch, timeout).await)
     }
-    fn schema_dyn(&self) -> Option<Schema> {
-        self.schema()
-    }
-    fn init_dyn(&mut self, t: Duration) -> Fut<'_, Init> {
-        Box::pin(self.init(t))
-    }
-    fn replication_dyn(&mut self, t: Duration) -> Fut<'_, Replication> {
-        Box::pin(self.replication(t))
-    }
-    fn list_dyn(&mut self, t: Duration) -> Fut<'_, Vec<LeaseInfo>> {
-        Box::pin(self.list(t))
-    }
-    fn clear_dyn<'a>(
-        &'a mut self,
-        n: &'a str,
-        e: Option<i64>,
-        t: Duration,
-    ) -> Fut<'a, Option<LeaseInfo>> {
-        Box::pin(self.clear(n, e, t))
+
+    /// The lock on lease `name` for `holder`: what the lease loop uses.
+    pub fn lock(self, name: impl Into<String>, holder: impl Into<String>) -> Lock {
+        Lock {
+            store: self,
+            key: LeaseKey {
+                name: name.into(),
+                holder: holder.into(),
+            },
+        }
     }
 }
 
-/// Any store the registry can open.
-pub type AnyStore = Box<dyn DynStore>;
+/// The lease loop's calls (the elector's view of a lock). Implemented by
+/// [`Lock`], and by the elector tests' scripted store.
+#[allow(async_fn_in_trait)] // one thread: no caller needs the futures to be Send
+pub trait LeaseLock {
+    /// The push wake-ups this lock can hand out.
+    type Wakeups: Wakeups;
 
-impl Store for AnyStore {
+    /// Take the lease for `lease`; `Some(epoch)` when taken, `None` when held.
     async fn acquire(
         &mut self,
-        n: &str,
-        h: &str,
-        l: Duration,
-        t: Duration,
-    ) -> Result<Option<i64>, StoreError> {
-        self.as_mut().acquire_dyn(n, h, l, t).await
-    }
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Option<i64>, StoreError>;
+
+    /// Extend the lease to `lease` from now; `false` when it is no longer ours.
     async fn renew(
         &mut self,
-        n: &str,
-        h: &str,
-        e: i64,
-        l: Duration,
-        t: Duration,
-    ) -> Result<bool, StoreError> {
-        self.as_mut().renew_dyn(n, h, e, l, t).await
-    }
+        epoch: i64,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// Give the lease up (see [`Backend::release`] for `keep`); `false` when
+    /// it was no longer ours.
     async fn release(
         &mut self,
-        n: &str,
-        h: &str,
-        e: i64,
-        k: Duration,
-        t: Duration,
-    ) -> Result<bool, StoreError> {
-        self.as_mut().release_dyn(n, h, e, k, t).await
+        epoch: i64,
+        keep: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// The lease as the store has it, whoever holds it.
+    async fn inspect(&mut self, timeout: Duration) -> Result<Option<LeaseInfo>, StoreError>;
+}
+
+/// One store, bound to one lease name and one holder. Per-lease state a
+/// store keeps (etcd's lease ID, the Redis primary that granted the lease)
+/// lives in its backend, which the lock owns.
+pub struct Lock {
+    store: Store,
+    key: LeaseKey,
+}
+
+impl Lock {
+    pub fn key(&self) -> &LeaseKey {
+        &self.key
     }
-    async fn inspect(&mut self, n: &str, t: Duration) -> Result<Option<LeaseInfo>, StoreError> {
-        self.as_mut().inspect_dyn(n, t).await
+
+    pub fn describe(&self) -> String {
+        self.store.describe()
+    }
+
+    pub fn capabilities(&self) -> Capabilities {
+        self.store.capabilities()
+    }
+
+    /// A subscription to "this lease was freed", where the store pushes.
+    pub fn wakeups(&self) -> Option<Subscription> {
+        self.store.wakeups(&self.key.name)
     }
 }
 
-impl StoreAdmin for AnyStore {
-    fn describe(&self) -> String {
-        self.as_ref().describe_dyn()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.as_ref().capabilities_dyn()
-    }
-    fn wakeups(&self) -> Option<wake::AnyWakeups> {
-        self.as_ref().wakeups_dyn()
-    }
-    fn schema(&self) -> Option<Schema> {
-        self.as_ref().schema_dyn()
-    }
-    async fn init(&mut self, t: Duration) -> Result<Init, StoreError> {
-        self.as_mut().init_dyn(t).await
-    }
-    async fn replication(&mut self, t: Duration) -> Result<Replication, StoreError> {
-        self.as_mut().replication_dyn(t).await
-    }
-    async fn list(&mut self, t: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.as_mut().list_dyn(t).await
-    }
-    async fn clear(
+impl LeaseLock for Lock {
+    type Wakeups = Subscription;
+
+    async fn acquire(
         &mut self,
-        n: &str,
-        e: Option<i64>,
-        t: Duration,
-    ) -> Result<Option<LeaseInfo>, StoreError> {
-        self.as_mut().clear_dyn(n, e, t).await
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let key = &self.key;
+        each!(&mut self.store, b => b.acquire(key, lease, timeout).await)
+    }
+
+    async fn renew(
+        &mut self,
+        epoch: i64,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = &self.key;
+        each!(&mut self.store, b => b.renew(key, epoch, lease, timeout).await)
+    }
+
+    async fn release(
+        &mut self,
+        epoch: i64,
+        keep: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = &self.key;
+        each!(&mut self.store, b => b.release(key, epoch, keep, timeout).await)
+    }
+
+    async fn inspect(&mut self, timeout: Duration) -> Result<Option<LeaseInfo>, StoreError> {
+        self.store.inspect(&self.key.name, timeout).await
     }
 }
 
@@ -354,7 +363,7 @@ pub fn open(
     choice: Option<(&str, Origin)>,
     app_name: &str,
     call_timeout: Duration,
-) -> Result<AnyStore, ResolveError> {
+) -> Result<Store, ResolveError> {
     let mut app_name = app_name.to_string();
     app_name.truncate(63);
     let Some((raw, origin)) = choice else {
@@ -386,7 +395,7 @@ pub fn resolve(
     origin: Origin,
     app_name: &str,
     call_timeout: Duration,
-) -> Result<AnyStore, ResolveError> {
+) -> Result<Store, ResolveError> {
     let choice = choose(given, origin);
     open(
         choice.as_ref().map(|(s, o)| (s.as_str(), *o)),
@@ -412,7 +421,7 @@ mod tests {
         ] {
             let s = open(Some((raw, Origin::Flag)), "t", Duration::from_secs(1)).expect(raw);
             assert_eq!(s.capabilities().pushes_wakeups, pushes, "{raw}");
-            assert_eq!(s.wakeups().is_some(), pushes, "{raw}");
+            assert_eq!(s.wakeups("n").is_some(), pushes, "{raw}");
         }
     }
 }

@@ -201,7 +201,7 @@ pub(crate) fn check_params(url: &url::Url, known: &[&str]) -> Result<(), String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{open, StoreAdmin};
+    use crate::store::open;
 
     #[test]
     fn host_lists_are_folded_into_parameters() {

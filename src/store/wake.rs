@@ -19,25 +19,48 @@
 //! cost the lease loop a reconnect, and the command connection's reads must
 //! not interleave with notifications.
 
-use std::future::Future;
-use std::pin::Pin;
+use super::{etcd, postgres, redis, sqlite, StoreError};
 
-use super::StoreError;
-
-pub type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + 'a>>;
-
-/// A subscription to "lease NAME was freed".
+/// A subscription to "lease NAME was freed", for the one lease it was made
+/// for.
+#[allow(async_fn_in_trait)] // one thread: no caller needs the futures to be Send
 pub trait Wakeups {
     /// Called before each acquisition attempt: subscribe when not subscribed
     /// (rebuilding a broken subscription), and forget wake-ups already
     /// received, which the attempt about to be made supersedes. An error
     /// leaves the contender polling until the next attempt arms again.
-    fn arm<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()>;
+    async fn arm(&mut self) -> Result<(), StoreError>;
 
-    /// Completes when a wake-up for `name` arrived since `arm`, or with an
-    /// error when the subscription broke (the caller then polls). Never
-    /// completes otherwise; dropping the future loses nothing.
-    fn wake<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()>;
+    /// Completes when a wake-up arrived since `arm`, or with an error when
+    /// the subscription broke (the caller then polls). Never completes
+    /// otherwise; dropping the future loses nothing.
+    async fn wake(&mut self) -> Result<(), StoreError>;
 }
 
-pub type AnyWakeups = Box<dyn Wakeups>;
+/// The subscription of whichever store pushes.
+pub enum Subscription {
+    Postgres(postgres::wake::HostsWakeups),
+    Redis(redis::wake::RedisWakeups),
+    Etcd(etcd::wake::EtcdWakeups),
+    Sqlite(sqlite::wake::FileWakeups),
+}
+
+impl Wakeups for Subscription {
+    async fn arm(&mut self) -> Result<(), StoreError> {
+        match self {
+            Subscription::Postgres(w) => w.arm().await,
+            Subscription::Redis(w) => w.arm().await,
+            Subscription::Etcd(w) => w.arm().await,
+            Subscription::Sqlite(w) => w.arm().await,
+        }
+    }
+
+    async fn wake(&mut self) -> Result<(), StoreError> {
+        match self {
+            Subscription::Postgres(w) => w.wake().await,
+            Subscription::Redis(w) => w.wake().await,
+            Subscription::Etcd(w) => w.wake().await,
+            Subscription::Sqlite(w) => w.wake().await,
+        }
+    }
+}

@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 use std::time::Duration;
 
-use leaderrun::store::{open, AnyStore, Origin, Store};
+use leaderrun::store::{open, Origin, Store};
 
 use super::chaos_child::SCHEMA;
 use super::etcd::Etcd;
@@ -41,7 +41,7 @@ pub struct ChaosStore {
     pub fence: Pg,
     server: Server,
     /// Reads the current holder, to aim faults at it (never to judge).
-    observer: RefCell<Option<AnyStore>>,
+    observer: RefCell<Option<Store>>,
     rt: tokio::runtime::Runtime,
 }
 

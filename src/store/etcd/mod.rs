@@ -59,15 +59,16 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::sql::millis;
+use super::wake::Subscription;
 use super::{
-    AnyStore, Capabilities, Init, LeaseInfo, Replication, Store, StoreAdmin, StoreError, Target,
+    Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Store, StoreError, Target,
     MAX_STORED,
 };
 
 mod api;
 mod http;
 mod url;
-mod wake;
+pub(crate) mod wake;
 
 use self::api::*;
 use self::http::{int, Client, EtcdError, Res, Session, Step};
@@ -77,8 +78,9 @@ pub struct EtcdStore {
     client: Client,
     /// How the store is shown: built from the parsed URL, password hidden.
     shown: String,
-    /// The etcd lease behind each lease we hold here, by name: (epoch, id).
-    grants: HashMap<String, (i64, i64)>,
+    /// The etcd lease behind the grant this lock took: (epoch, lease ID).
+    /// (A store is bound to one lease name and holder once it is a lock.)
+    granted: Option<(i64, i64)>,
 }
 
 /// Whole seconds, rounded up, at least one.
@@ -168,12 +170,12 @@ async fn renew_on(s: &mut Session, lk: &str, value: &str, id: i64) -> Res<bool> 
 }
 
 impl EtcdStore {
-    pub fn new(url: &::url::Url) -> Result<EtcdStore, String> {
+    fn new(url: &::url::Url) -> Result<EtcdStore, String> {
         let p = from_url(url)?;
         Ok(EtcdStore {
             client: Client::new(p.endpoints, p.tls, p.ca_file, p.user),
             shown: p.shown,
-            grants: HashMap::new(),
+            granted: None,
         })
     }
 
@@ -369,7 +371,7 @@ impl EtcdStore {
                 }
             };
             if ours {
-                self.grants.insert(name.to_string(), (epoch, lease_id));
+                self.granted = Some((epoch, lease_id));
                 return Ok(Some(epoch));
             }
         }
@@ -377,9 +379,9 @@ impl EtcdStore {
 
     /// The etcd lease behind our grant: remembered, or read from the key.
     async fn grant_of(&mut self, name: &str, value: &str, epoch: i64) -> Res<Option<i64>> {
-        if let Some((e, id)) = self.grants.get(name) {
-            if *e == epoch {
-                return Ok(Some(*id));
+        if let Some((e, id)) = self.granted {
+            if e == epoch {
+                return Ok(Some(id));
             }
         }
         let (lease, _) = self.read(name).await?;
@@ -401,7 +403,7 @@ impl EtcdStore {
         };
         let renewed = self.client.call(&step).await?;
         if !renewed {
-            self.grants.remove(name);
+            self.granted = None;
         }
         Ok(renewed)
     }
@@ -418,7 +420,7 @@ impl EtcdStore {
         let ours =
             json!([{"key": b64(&lk), "target": "VALUE", "result": "EQUAL", "value": b64(&value)}]);
         let old = self.grant_of(name, &value, epoch).await?;
-        self.grants.remove(name);
+        self.granted = None;
         let Some(old) = old else { return Ok(false) };
         // Each write below is safe to send to several members, applied
         // any number of times in any order: it changes the key only while
@@ -572,14 +574,14 @@ impl EtcdStore {
     }
 }
 
-impl Store for EtcdStore {
+impl Backend for EtcdStore {
     async fn acquire(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         self.client.deadline(Instant::now() + timeout);
         let ttl = ttl_secs(lease);
         let work = async { self.acquire_inner(name, holder, ttl).await };
@@ -589,12 +591,12 @@ impl Store for EtcdStore {
 
     async fn renew(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         epoch: i64,
         _lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         self.client.deadline(Instant::now() + timeout);
         // The TTL was fixed at the grant; a keepalive restores it in full.
         let r = tokio::time::timeout(timeout, self.renew_inner(name, holder, epoch)).await;
@@ -603,12 +605,12 @@ impl Store for EtcdStore {
 
     async fn release(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         epoch: i64,
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         self.client.deadline(Instant::now() + timeout);
         let r = tokio::time::timeout(timeout, self.release_inner(name, holder, epoch, keep)).await;
         self.settle(r, timeout, "cannot release in")
@@ -623,50 +625,7 @@ impl Store for EtcdStore {
         let r = tokio::time::timeout(timeout, self.inspect_inner(name)).await;
         self.settle(r, timeout, "cannot read")
     }
-}
 
-impl EtcdStore {
-    fn settle<T>(
-        &mut self,
-        r: Result<Res<T>, tokio::time::error::Elapsed>,
-        timeout: Duration,
-        what: &str,
-    ) -> Result<T, StoreError> {
-        match r {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.classify(what, e)),
-            Err(_) => {
-                // The abandoned call left its mark in the client, so the
-                // next one starts at another member (http.rs).
-                Err(StoreError::Unavailable(format!(
-                    "the store {} did not answer within {}",
-                    self.shown,
-                    humantime::format_duration(timeout)
-                )))
-            }
-        }
-    }
-}
-
-/// The registry's constructor for `etcd://` and `etcds://` (TLS). Nothing
-/// is connected until the first call.
-pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
-    Ok(Box::new(EtcdStore::new(t.url)?))
-}
-
-/// etcd grants whole seconds, and none shorter than its minimum TTL: 1.5 ×
-/// the election timeout, rounded up to a second, which is 2 s with the
-/// default 1 s election timeout. A cluster tuned slower grants more than
-/// asked; `grant` below refuses that at the first acquisition.
-pub const CAPABILITIES: Capabilities = Capabilities {
-    granularity: Duration::from_secs(1),
-    min_lease: Duration::from_secs(2),
-    max_lease: MAX_STORED,
-    pushes_wakeups: true,
-    failover_extends_lease: true,
-};
-
-impl StoreAdmin for EtcdStore {
     fn describe(&self) -> String {
         self.shown.clone()
     }
@@ -675,8 +634,11 @@ impl StoreAdmin for EtcdStore {
         CAPABILITIES
     }
 
-    fn wakeups(&self) -> Option<super::wake::AnyWakeups> {
-        Some(Box::new(wake::EtcdWakeups::new(self.client.fresh())))
+    fn wakeups(&self, name: &str) -> Option<Subscription> {
+        Some(Subscription::Etcd(wake::EtcdWakeups::new(
+            self.client.fresh(),
+            name,
+        )))
     }
 
     /// Nothing to create: keys appear on first use. Reaching the cluster
@@ -744,6 +706,47 @@ impl StoreAdmin for EtcdStore {
         self.settle(r, timeout, "cannot release in")
     }
 }
+
+impl EtcdStore {
+    fn settle<T>(
+        &mut self,
+        r: Result<Res<T>, tokio::time::error::Elapsed>,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<T, StoreError> {
+        match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.classify(what, e)),
+            Err(_) => {
+                // The abandoned call left its mark in the client, so the
+                // next one starts at another member (http.rs).
+                Err(StoreError::Unavailable(format!(
+                    "the store {} did not answer within {}",
+                    self.shown,
+                    humantime::format_duration(timeout)
+                )))
+            }
+        }
+    }
+}
+
+/// The registry's constructor for `etcd://` and `etcds://` (TLS). Nothing
+/// is connected until the first call.
+pub fn open(t: &Target<'_>) -> Result<Store, String> {
+    Ok(Store::Etcd(EtcdStore::new(t.url)?))
+}
+
+/// etcd grants whole seconds, and none shorter than its minimum TTL: 1.5 ×
+/// the election timeout, rounded up to a second, which is 2 s with the
+/// default 1 s election timeout. A cluster tuned slower grants more than
+/// asked; `grant` below refuses that at the first acquisition.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    granularity: Duration::from_secs(1),
+    min_lease: Duration::from_secs(2),
+    max_lease: MAX_STORED,
+    pushes_wakeups: true,
+    failover_extends_lease: true,
+};
 
 #[cfg(test)]
 mod tests {

@@ -100,7 +100,6 @@ pub(super) struct ParsedUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::StoreAdmin;
     use std::time::Duration;
 
     fn parsed(raw: &str) -> Result<ParsedUrl, String> {

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 
 use super::http::{Client, Conn, MAX_BODY};
 use super::{b64, lease_key, StoreError};
-use crate::store::wake::{Fut, Wakeups};
+use crate::store::wake::Wakeups;
 
 enum Msg {
     Created,
@@ -34,14 +34,17 @@ enum Msg {
 pub struct EtcdWakeups {
     /// A second client: its own connection and its own auth token.
     client: Client,
+    /// The lease whose key is watched.
+    name: String,
     rx: Option<mpsc::UnboundedReceiver<Msg>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl EtcdWakeups {
-    pub fn new(client: Client) -> EtcdWakeups {
+    pub(super) fn new(client: Client, name: &str) -> EtcdWakeups {
         EtcdWakeups {
             client,
+            name: name.to_string(),
             rx: None,
             task: None,
         }
@@ -94,46 +97,44 @@ impl Drop for EtcdWakeups {
 }
 
 impl Wakeups for EtcdWakeups {
-    fn arm<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()> {
-        Box::pin(async move {
-            if self.rx.is_none() {
-                if let Err(e) = self.start(name).await {
+    async fn arm(&mut self) -> Result<(), StoreError> {
+        let name = self.name.clone();
+        let name = name.as_str();
+        if self.rx.is_none() {
+            if let Err(e) = self.start(name).await {
+                self.stop();
+                return Err(StoreError::Unavailable(format!("cannot watch: {e}")));
+            }
+        }
+        let Some(rx) = self.rx.as_mut() else {
+            return Err(StoreError::Unavailable("not watching".into()));
+        };
+        loop {
+            match rx.try_recv() {
+                Ok(_) => {}
+                Err(mpsc::error::TryRecvError::Empty) => return Ok(()),
+                Err(mpsc::error::TryRecvError::Disconnected) => {
                     self.stop();
-                    return Err(StoreError::Unavailable(format!("cannot watch: {e}")));
+                    return Err(StoreError::Unavailable("the watch ended".into()));
                 }
             }
+        }
+    }
+
+    async fn wake(&mut self) -> Result<(), StoreError> {
+        loop {
             let Some(rx) = self.rx.as_mut() else {
                 return Err(StoreError::Unavailable("not watching".into()));
             };
-            loop {
-                match rx.try_recv() {
-                    Ok(_) => {}
-                    Err(mpsc::error::TryRecvError::Empty) => return Ok(()),
-                    Err(mpsc::error::TryRecvError::Disconnected) => {
-                        self.stop();
-                        return Err(StoreError::Unavailable("the watch ended".into()));
-                    }
+            match rx.recv().await {
+                Some(Msg::Deleted) => return Ok(()),
+                Some(Msg::Created) => {}
+                None => {
+                    self.stop();
+                    return Err(StoreError::Unavailable("the watch ended".into()));
                 }
             }
-        })
-    }
-
-    fn wake<'a>(&'a mut self, _name: &'a str) -> Fut<'a, ()> {
-        Box::pin(async move {
-            loop {
-                let Some(rx) = self.rx.as_mut() else {
-                    return Err(StoreError::Unavailable("not watching".into()));
-                };
-                match rx.recv().await {
-                    Some(Msg::Deleted) => return Ok(()),
-                    Some(Msg::Created) => {}
-                    None => {
-                        self.stop();
-                        return Err(StoreError::Unavailable("the watch ended".into()));
-                    }
-                }
-            }
-        })
+        }
     }
 }
 

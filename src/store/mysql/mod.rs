@@ -65,15 +65,15 @@ use self::statements::*;
 pub use self::statements::{SCHEMA, TABLE_SQL};
 use super::sql::{self, lease_info, millis, Dialect, Session};
 use super::{
-    AnyStore, Capabilities, Init, LeaseInfo, Replication, Schema, Store, StoreAdmin, StoreError,
+    Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Schema, Store, StoreError,
     Target,
 };
 use crate::redact::Redacted;
 
 /// The registry's constructor for `mysql://` and `mariadb://`.
-pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
+pub fn open(t: &Target<'_>) -> Result<Store, String> {
     let p = url::parse(t.url)?;
-    Ok(Box::new(MySqlStore {
+    Ok(Store::MySql(MySqlStore {
         s: Session::new(My {
             opts: p.opts,
             call_timeout: t.call_timeout,
@@ -366,14 +366,14 @@ impl MySqlStore {
     }
 }
 
-impl Store for MySqlStore {
+impl Backend for MySqlStore {
     async fn acquire(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let (name, holder, us) = (name.to_string(), holder.to_string(), micros(lease));
         let check = self.s.d.require_sync;
         let what = "cannot acquire in";
@@ -421,12 +421,12 @@ impl Store for MySqlStore {
 
     async fn renew(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         epoch: i64,
         lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         self.update(
             "cannot renew in",
             RENEW_SQL,
@@ -440,12 +440,12 @@ impl Store for MySqlStore {
 
     async fn release(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         epoch: i64,
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let us = micros(keep);
         self.update(
             "cannot release in",
@@ -476,9 +476,7 @@ impl Store for MySqlStore {
             })
             .await
     }
-}
 
-impl StoreAdmin for MySqlStore {
     fn describe(&self) -> String {
         self.s.d.shown()
     }

@@ -45,7 +45,7 @@ mod connect;
 mod replication;
 mod statements;
 mod url;
-mod wake;
+pub(crate) mod wake;
 
 use std::time::{Duration, Instant};
 
@@ -58,10 +58,9 @@ use self::statements::*;
 use self::url::{parse_url, Attrs, Host};
 use self::wake::HostsWakeups;
 use super::sql::{self, lease_info, millis, Session};
-use super::target::fold_hosts;
-use super::wake::AnyWakeups;
+use super::wake::Subscription;
 use super::{
-    AnyStore, Capabilities, Init, LeaseInfo, Replication, Schema, Store, StoreAdmin, StoreError,
+    Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Schema, Store, StoreError,
     Target,
 };
 
@@ -112,8 +111,8 @@ struct Pg {
 }
 
 /// The registry's constructor for `postgres://` and `postgresql://`.
-pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
-    Ok(Box::new(PgStore::from_url(
+pub fn open(t: &Target<'_>) -> Result<Store, String> {
+    Ok(Store::Postgres(PgStore::from_url(
         t.url,
         t.app_name,
         t.call_timeout,
@@ -125,12 +124,6 @@ impl PgStore {
     /// `statement_timeout` is also set server-side (statement and lock
     /// timeouts), so a statement stuck behind someone's row lock is
     /// cancelled by the server too, not only abandoned by us.
-    pub fn new(url: &str, app_name: &str, statement_timeout: Duration) -> Result<PgStore, String> {
-        let parsed =
-            ::url::Url::parse(&fold_hosts(url)).map_err(|e| format!("is not valid: {e}"))?;
-        PgStore::from_url(&parsed, app_name, statement_timeout)
-    }
-
     fn from_url(
         url: &::url::Url,
         app_name: &str,
@@ -408,14 +401,14 @@ impl PgStore {
 
 /// Whether the row's `synchronous_commit`, `synchronous_standby_names`
 /// (from `at`) make commits wait for a standby.
-impl Store for PgStore {
+impl Backend for PgStore {
     async fn acquire(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         const WHAT: &str = "cannot acquire in";
         if self.require_sync {
             self.check_sync(timeout).await?;
@@ -472,12 +465,12 @@ impl Store for PgStore {
 
     async fn renew(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         epoch: i64,
         lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let ms = millis(lease);
         self.update("cannot renew in", timeout, |cols| {
             renew_sql(name, holder, epoch, ms, cols)
@@ -487,12 +480,12 @@ impl Store for PgStore {
 
     async fn release(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         epoch: i64,
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let ms = millis(keep);
         self.update("cannot release in", timeout, |cols| {
             release_sql(name, holder, epoch, ms, cols)
@@ -514,9 +507,7 @@ impl Store for PgStore {
             .transpose()
             .map_err(|e| self.s.error("cannot read", &e))
     }
-}
 
-impl StoreAdmin for PgStore {
     fn describe(&self) -> String {
         self.s.d.shown.clone()
     }
@@ -528,9 +519,9 @@ impl StoreAdmin for PgStore {
         }
     }
 
-    fn wakeups(&self) -> Option<AnyWakeups> {
+    fn wakeups(&self, name: &str) -> Option<Subscription> {
         let hosts: Vec<PgConnectOptions> = self.s.d.hosts.iter().map(|h| h.opts.clone()).collect();
-        Some(Box::new(HostsWakeups::new(hosts)?))
+        Some(Subscription::Postgres(HostsWakeups::new(hosts, name)?))
     }
 
     fn schema(&self) -> Option<Schema> {

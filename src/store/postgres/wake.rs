@@ -3,7 +3,7 @@
 
 use sqlx::postgres::PgConnectOptions;
 
-use crate::store::wake::{Fut, Wakeups};
+use crate::store::wake::Wakeups;
 use crate::store::StoreError;
 
 /// The one channel every release and clear notifies. One fixed channel, not
@@ -15,6 +15,8 @@ pub const PG_CHANNEL: &str = "leaderrun_released";
 
 pub struct PgWakeups {
     opts: sqlx::postgres::PgConnectOptions,
+    /// The lease whose release wakes us (the notification's payload).
+    name: String,
     listener: Option<sqlx::postgres::PgListener>,
     /// The server process the `LISTEN` was made on.
     backend: i32,
@@ -25,9 +27,10 @@ pub struct PgWakeups {
 }
 
 impl PgWakeups {
-    pub fn new(opts: sqlx::postgres::PgConnectOptions) -> PgWakeups {
+    pub(crate) fn new(opts: sqlx::postgres::PgConnectOptions, name: String) -> PgWakeups {
         PgWakeups {
             opts,
+            name,
             listener: None,
             backend: 0,
             pooled: false,
@@ -134,60 +137,58 @@ impl PgWakeups {
 }
 
 impl Wakeups for PgWakeups {
-    fn arm<'a>(&'a mut self, _name: &'a str) -> Fut<'a, ()> {
-        Box::pin(async move {
-            if self.pooled {
-                return Err(StoreError::Unavailable(POOLED.into()));
-            }
-            match self.listener.as_mut() {
-                None => self.subscribe().await?,
-                Some(l) => match serving(l, Some(self.backend)).await {
-                    Ok(now) if now == (self.backend, true) => {}
-                    Ok(_) => {
-                        if let Some(l) = self.listener.take() {
-                            self.give_up(l).await;
-                        }
-                        return Err(StoreError::Unavailable(POOLED.into()));
+    async fn arm(&mut self) -> Result<(), StoreError> {
+        if self.pooled {
+            return Err(StoreError::Unavailable(POOLED.into()));
+        }
+        match self.listener.as_mut() {
+            None => self.subscribe().await?,
+            Some(l) => match serving(l, Some(self.backend)).await {
+                Ok(now) if now == (self.backend, true) => {}
+                Ok(_) => {
+                    if let Some(l) = self.listener.take() {
+                        self.give_up(l).await;
                     }
-                    Err(e) => {
-                        self.listener = None;
-                        return Err(e);
-                    }
-                },
-            }
-            if let Some(l) = self.listener.as_mut() {
-                while l.next_buffered().is_some() {}
-            }
-            Ok(())
-        })
+                    return Err(StoreError::Unavailable(POOLED.into()));
+                }
+                Err(e) => {
+                    self.listener = None;
+                    return Err(e);
+                }
+            },
+        }
+        if let Some(l) = self.listener.as_mut() {
+            while l.next_buffered().is_some() {}
+        }
+        Ok(())
     }
 
-    fn wake<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()> {
-        Box::pin(async move {
-            loop {
-                let Some(l) = self.listener.as_mut() else {
-                    return Err(StoreError::Unavailable("not listening".into()));
-                };
-                match l.try_recv().await {
-                    Ok(Some(n)) if n.payload() == name => return Ok(()),
-                    Ok(Some(_)) => {}
-                    // The listener would reconnect by itself on the next
-                    // call, silently missing what was sent meanwhile; drop
-                    // it instead, so the caller knows to poll until `arm`
-                    // builds a new one.
-                    Ok(None) => {
-                        self.listener = None;
-                        return Err(StoreError::Unavailable(
-                            "the LISTEN connection was lost".into(),
-                        ));
-                    }
-                    Err(e) => {
-                        self.listener = None;
-                        return Err(pg_err("the LISTEN connection failed", &e));
-                    }
+    async fn wake(&mut self) -> Result<(), StoreError> {
+        let name = self.name.clone();
+        let name = name.as_str();
+        loop {
+            let Some(l) = self.listener.as_mut() else {
+                return Err(StoreError::Unavailable("not listening".into()));
+            };
+            match l.try_recv().await {
+                Ok(Some(n)) if n.payload() == name => return Ok(()),
+                Ok(Some(_)) => {}
+                // The listener would reconnect by itself on the next
+                // call, silently missing what was sent meanwhile; drop
+                // it instead, so the caller knows to poll until `arm`
+                // builds a new one.
+                Ok(None) => {
+                    self.listener = None;
+                    return Err(StoreError::Unavailable(
+                        "the LISTEN connection was lost".into(),
+                    ));
+                }
+                Err(e) => {
+                    self.listener = None;
+                    return Err(pg_err("the LISTEN connection failed", &e));
                 }
             }
-        })
+        }
     }
 }
 
@@ -195,7 +196,7 @@ impl Wakeups for PgWakeups {
 /// down, or a standby, which refuses LISTEN), the next `arm` tries the next
 /// host, round the list. Until then the contender polls, as with any broken
 /// subscription.
-pub(super) struct HostsWakeups {
+pub struct HostsWakeups {
     hosts: Vec<PgConnectOptions>,
     at: usize,
     inner: PgWakeups,
@@ -203,29 +204,28 @@ pub(super) struct HostsWakeups {
 
 impl HostsWakeups {
     /// `None` for an empty list.
-    pub(super) fn new(hosts: Vec<PgConnectOptions>) -> Option<HostsWakeups> {
+    pub(super) fn new(hosts: Vec<PgConnectOptions>, name: &str) -> Option<HostsWakeups> {
         let first = hosts.first()?.clone();
         Some(HostsWakeups {
             hosts,
             at: 0,
-            inner: PgWakeups::new(first),
+            inner: PgWakeups::new(first, name.to_string()),
         })
     }
 }
 
 impl Wakeups for HostsWakeups {
-    fn arm<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()> {
-        Box::pin(async move {
-            let r = self.inner.arm(name).await;
-            if r.is_err() && self.hosts.len() > 1 {
-                self.at = (self.at + 1) % self.hosts.len();
-                self.inner = PgWakeups::new(self.hosts[self.at].clone());
-            }
-            r
-        })
+    async fn arm(&mut self) -> Result<(), StoreError> {
+        let r = self.inner.arm().await;
+        if r.is_err() && self.hosts.len() > 1 {
+            self.at = (self.at + 1) % self.hosts.len();
+            let name = std::mem::take(&mut self.inner.name);
+            self.inner = PgWakeups::new(self.hosts[self.at].clone(), name);
+        }
+        r
     }
 
-    fn wake<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()> {
-        self.inner.wake(name)
+    async fn wake(&mut self) -> Result<(), StoreError> {
+        self.inner.wake().await
     }
 }

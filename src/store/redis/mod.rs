@@ -49,22 +49,22 @@ use tokio::time::Instant;
 mod scripts;
 mod server;
 mod url;
-mod wake;
+pub(crate) mod wake;
 
 use self::scripts::*;
 use self::server::{count, replication_of, risks, Server};
 use self::url::replicas_param;
 use self::wake::{redis_channel, RedisWakeups};
 use super::sql::millis;
-use super::wake::AnyWakeups;
+use super::wake::Subscription;
 use super::{
-    AnyStore, Capabilities, Init, LeaseInfo, Replication, Store, StoreAdmin, StoreError, Target,
+    Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Store, StoreError, Target,
 };
 use crate::redact::Redacted;
 
-/// The lease this store took last, and the primary that took it.
+/// The grant this lock took last, and the primary that took it. (A store
+/// is bound to one lease name and holder once it is a lock.)
 struct Granted {
-    name: String,
     epoch: i64,
     primary: Server,
 }
@@ -85,12 +85,12 @@ pub struct RedisStore {
 /// The registry's constructor for `redis://` and `rediss://` (TLS):
 /// `redis://[user][:password]@host[:port][/db][?replicas=N]`. Nothing is
 /// connected until the first call.
-pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
-    Ok(Box::new(RedisStore::new(t.url)?))
+pub fn open(t: &Target<'_>) -> Result<Store, String> {
+    Ok(Store::Redis(RedisStore::new(t.url)?))
 }
 
 impl RedisStore {
-    pub fn new(url: &::url::Url) -> Result<RedisStore, String> {
+    fn new(url: &::url::Url) -> Result<RedisStore, String> {
         let replicas = replicas_param(url)?;
         // The driver gets the URL without our parameter. Its parse errors
         // are fixed texts ("Missing hostname", "Invalid database number");
@@ -366,14 +366,14 @@ fn short(id: &str) -> &str {
     id.get(..8).unwrap_or(id)
 }
 
-impl Store for RedisStore {
+impl Backend for RedisStore {
     async fn acquire(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let replicas = self.replicas;
         let look = !self.checked;
         let keys = [lease_key(name), epoch_key(name)];
@@ -446,7 +446,6 @@ impl Store for RedisStore {
             } => {
                 self.warn_once(&server, fsync.as_deref());
                 self.granted = Some(Granted {
-                    name: name.to_string(),
                     epoch,
                     primary: server,
                 });
@@ -462,19 +461,19 @@ impl Store for RedisStore {
 
     async fn renew(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         epoch: i64,
         lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let replicas = self.replicas;
         // Not granted through this store: nothing to compare with, and the
         // defaults (no WAITAOF, a tick of 100 ms) for what follows.
         let primary = self
             .granted
             .as_ref()
-            .filter(|g| g.name == name && g.epoch == epoch)
+            .filter(|g| g.epoch == epoch)
             .map(|g| g.primary.clone())
             .unwrap_or_default();
         let (run_id, replid) = (primary.run_id.clone(), primary.replid.clone());
@@ -568,12 +567,12 @@ impl Store for RedisStore {
     /// a replica's round trip on every handover.
     async fn release(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         epoch: i64,
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let args = vec![
             lease_value(epoch, holder),
             millis(keep).to_string(),
@@ -582,11 +581,7 @@ impl Store for RedisStore {
         let v = self
             .script(timeout, "cannot release in", &RELEASE, name, args)
             .await?;
-        if self
-            .granted
-            .as_ref()
-            .is_some_and(|g| g.name == name && g.epoch == epoch)
-        {
+        if self.granted.as_ref().is_some_and(|g| g.epoch == epoch) {
             self.granted = None;
         }
         Ok(as_int(&v) == Some(1))
@@ -602,9 +597,7 @@ impl Store for RedisStore {
             .await?;
         parse_info(name, &v)
     }
-}
 
-impl StoreAdmin for RedisStore {
     fn describe(&self) -> String {
         self.redacted.to_string()
     }
@@ -617,8 +610,11 @@ impl StoreAdmin for RedisStore {
         }
     }
 
-    fn wakeups(&self) -> Option<AnyWakeups> {
-        Some(Box::new(RedisWakeups::new(self.client.clone())))
+    fn wakeups(&self, name: &str) -> Option<Subscription> {
+        Some(Subscription::Redis(RedisWakeups::new(
+            self.client.clone(),
+            name,
+        )))
     }
 
     /// From `INFO` (role, connected replicas, `min-replicas-to-write`,

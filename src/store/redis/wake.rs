@@ -3,7 +3,7 @@
 
 use std::pin::Pin;
 
-use crate::store::wake::{Fut, Wakeups};
+use crate::store::wake::Wakeups;
 use crate::store::StoreError;
 
 /// The channel the release and clear scripts publish on for `name`. One
@@ -15,75 +15,75 @@ pub fn redis_channel(name: &str) -> String {
 
 pub struct RedisWakeups {
     client: ::redis::Client,
+    /// The lease's channel ([`redis_channel`]).
+    channel: String,
     sub: Option<::redis::aio::PubSub>,
 }
 
 impl RedisWakeups {
-    pub fn new(client: ::redis::Client) -> RedisWakeups {
-        RedisWakeups { client, sub: None }
+    pub(crate) fn new(client: ::redis::Client, name: &str) -> RedisWakeups {
+        RedisWakeups {
+            client,
+            channel: redis_channel(name),
+            sub: None,
+        }
     }
 }
 
 impl Wakeups for RedisWakeups {
-    fn arm<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()> {
-        Box::pin(async move {
-            let err =
-                |e: ::redis::RedisError| StoreError::Unavailable(format!("cannot SUBSCRIBE: {e}"));
-            if self.sub.is_none() {
-                let mut s = self.client.get_async_pubsub().await.map_err(err)?;
-                s.subscribe(redis_channel(name)).await.map_err(err)?;
-                self.sub = Some(s);
-            }
-            // Drain what already arrived: the attempt that follows sees it.
-            if let Some(s) = self.sub.as_mut() {
-                let mut stream = s.on_message();
-                loop {
-                    let next = std::future::poll_fn(|cx| {
-                        std::task::Poll::Ready(futures_core::Stream::poll_next(
-                            Pin::new(&mut stream),
-                            cx,
-                        ))
-                    })
-                    .await;
-                    match next {
-                        std::task::Poll::Ready(Some(_)) => continue,
-                        std::task::Poll::Ready(None) => {
-                            drop(stream);
-                            self.sub = None;
-                            return Err(StoreError::Unavailable(
-                                "the SUBSCRIBE connection was lost".into(),
-                            ));
-                        }
-                        std::task::Poll::Pending => break,
+    async fn arm(&mut self) -> Result<(), StoreError> {
+        let err =
+            |e: ::redis::RedisError| StoreError::Unavailable(format!("cannot SUBSCRIBE: {e}"));
+        if self.sub.is_none() {
+            let mut s = self.client.get_async_pubsub().await.map_err(err)?;
+            s.subscribe(&self.channel).await.map_err(err)?;
+            self.sub = Some(s);
+        }
+        // Drain what already arrived: the attempt that follows sees it.
+        if let Some(s) = self.sub.as_mut() {
+            let mut stream = s.on_message();
+            loop {
+                let next = std::future::poll_fn(|cx| {
+                    std::task::Poll::Ready(futures_core::Stream::poll_next(
+                        Pin::new(&mut stream),
+                        cx,
+                    ))
+                })
+                .await;
+                match next {
+                    std::task::Poll::Ready(Some(_)) => continue,
+                    std::task::Poll::Ready(None) => {
+                        drop(stream);
+                        self.sub = None;
+                        return Err(StoreError::Unavailable(
+                            "the SUBSCRIBE connection was lost".into(),
+                        ));
                     }
+                    std::task::Poll::Pending => break,
                 }
             }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 
-    fn wake<'a>(&'a mut self, _name: &'a str) -> Fut<'a, ()> {
-        Box::pin(async move {
-            let Some(s) = self.sub.as_mut() else {
-                return Err(StoreError::Unavailable("not subscribed".into()));
-            };
-            let got = {
-                let mut stream = s.on_message();
-                std::future::poll_fn(|cx| {
-                    futures_core::Stream::poll_next(Pin::new(&mut stream), cx)
-                })
+    async fn wake(&mut self) -> Result<(), StoreError> {
+        let Some(s) = self.sub.as_mut() else {
+            return Err(StoreError::Unavailable("not subscribed".into()));
+        };
+        let got = {
+            let mut stream = s.on_message();
+            std::future::poll_fn(|cx| futures_core::Stream::poll_next(Pin::new(&mut stream), cx))
                 .await
                 .is_some()
-            };
-            if got {
-                // Only this lease's channel is subscribed.
-                Ok(())
-            } else {
-                self.sub = None;
-                Err(StoreError::Unavailable(
-                    "the SUBSCRIBE connection was lost".into(),
-                ))
-            }
-        })
+        };
+        if got {
+            // Only this lease's channel is subscribed.
+            Ok(())
+        } else {
+            self.sub = None;
+            Err(StoreError::Unavailable(
+                "the SUBSCRIBE connection was lost".into(),
+            ))
+        }
     }
 }

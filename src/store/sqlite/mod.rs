@@ -27,7 +27,7 @@
 //! scan of it (SQLite rebuilds its index when it is the first to open the
 //! file) stays short.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -35,16 +35,16 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, Sq
 use sqlx::{ConnectOptions, Connection, Row};
 
 mod path;
-mod wake;
+pub(crate) mod wake;
 
 pub use self::path::default_path;
 use self::path::{create_private_dir, why_unopenable};
 
 use self::wake::{touch, FileWakeups};
 use super::sql::{self, lease_info, millis, Dialect, Session};
-use super::wake::AnyWakeups;
+use super::wake::Subscription;
 use super::{
-    AnyStore, Capabilities, Init, LeaseInfo, ResolveError, Schema, Store, StoreAdmin, StoreError,
+    Backend, Capabilities, Init, LeaseInfo, LeaseKey, ResolveError, Schema, Store, StoreError,
     Target,
 };
 use crate::clock::{BootClock, Clock};
@@ -128,7 +128,7 @@ struct Lite {
 /// would use different files and both run. `?mode=rwc` (the default) and
 /// `?mode=rw` (never create the file) are the only parameters; a `?` or `#`
 /// in a file name is written `%3F` / `%23`.
-pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
+pub fn open(t: &Target<'_>) -> Result<Store, String> {
     let abs = "needs an absolute file path, as in sqlite:///var/lib/leaderrun/leases.db \
                (three slashes; relative paths are refused so that every run uses the same file)";
     let path = t.url.to_file_path().map_err(|()| abs.to_string())?;
@@ -149,12 +149,12 @@ pub fn open(t: &Target<'_>) -> Result<AnyStore, String> {
     }
     let mut store = SqliteStore::new(path, t.call_timeout);
     store.s.d.create = create;
-    Ok(Box::new(store))
+    Ok(Store::Sqlite(store))
 }
 
 /// The embedded default store (no store configured).
-pub fn open_default(busy: Duration) -> Result<AnyStore, ResolveError> {
-    Ok(Box::new(SqliteStore::new(default_path()?, busy)))
+pub fn open_default(busy: Duration) -> Result<Store, ResolveError> {
+    Ok(Store::Sqlite(SqliteStore::new(default_path()?, busy)))
 }
 
 /// The kernel's boot id, read once per process (it cannot change while we run).
@@ -176,7 +176,7 @@ fn now_ms() -> i64 {
 
 impl SqliteStore {
     /// `busy` bounds how long a call waits for another process's write lock.
-    pub fn new(path: PathBuf, busy: Duration) -> SqliteStore {
+    fn new(path: PathBuf, busy: Duration) -> SqliteStore {
         SqliteStore {
             s: Session::new(Lite {
                 path,
@@ -184,10 +184,6 @@ impl SqliteStore {
                 create: true,
             }),
         }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.s.d.path
     }
 
     /// Renew and release: one UPDATE naming name, holder, epoch and boot,
@@ -325,14 +321,14 @@ async fn keep_wal_at_close(conn: &mut SqliteConnection) -> Result<(), sqlx::Erro
     Ok(())
 }
 
-impl Store for SqliteStore {
+impl Backend for SqliteStore {
     async fn acquire(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(lease));
         self.write(timeout, "cannot acquire in", move |c, now, boot| {
             Box::pin(async move {
@@ -352,12 +348,12 @@ impl Store for SqliteStore {
 
     async fn renew(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         epoch: i64,
         lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         self.update(
             RENEW_SQL,
             "cannot renew in",
@@ -369,12 +365,12 @@ impl Store for SqliteStore {
 
     async fn release(
         &mut self,
-        name: &str,
-        holder: &str,
+        key: &LeaseKey,
         epoch: i64,
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let freed = self
             .update(
                 RELEASE_SQL,
@@ -409,9 +405,7 @@ impl Store for SqliteStore {
         })
         .await
     }
-}
 
-impl StoreAdmin for SqliteStore {
     fn describe(&self) -> String {
         self.s.d.shown()
     }
@@ -430,8 +424,11 @@ impl StoreAdmin for SqliteStore {
         }
     }
 
-    fn wakeups(&self) -> Option<AnyWakeups> {
-        Some(Box::new(FileWakeups::new(self.s.d.path.clone())))
+    fn wakeups(&self, name: &str) -> Option<Subscription> {
+        Some(Subscription::Sqlite(FileWakeups::new(
+            self.s.d.path.clone(),
+            name,
+        )))
     }
 
     fn schema(&self) -> Option<Schema> {

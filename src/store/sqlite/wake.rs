@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::store::wake::{Fut, Wakeups};
+use crate::store::wake::Wakeups;
 use crate::store::StoreError;
 
 /// Why inotify on a file touched after the release, and not a `flock` the
@@ -74,17 +74,23 @@ impl std::os::fd::AsRawFd for Ino {
 
 pub struct FileWakeups {
     db: PathBuf,
+    /// The lease whose file is watched for.
+    name: String,
     fd: Option<tokio::io::unix::AsyncFd<Ino>>,
 }
 
 impl FileWakeups {
-    pub fn new(db: PathBuf) -> FileWakeups {
-        FileWakeups { db, fd: None }
+    pub(crate) fn new(db: PathBuf, name: &str) -> FileWakeups {
+        FileWakeups {
+            db,
+            name: name.to_string(),
+            fd: None,
+        }
     }
 
-    /// Read what is pending; `Ok(true)` when `name` was woken, an error when
+    /// Read what is pending; `Ok(true)` when our lease was woken, an error when
     /// the watch is gone (the directory was removed).
-    fn drain(&mut self, name: &str) -> Result<bool, StoreError> {
+    fn drain(&mut self) -> Result<bool, StoreError> {
         use nix::sys::inotify::AddWatchFlags as F;
         let Some(fd) = self.fd.as_ref() else {
             return Err(StoreError::Unavailable("not watching".into()));
@@ -102,7 +108,7 @@ impl FileWakeups {
                                 "the wake-up directory watch ended".into(),
                             ));
                         }
-                        if ev.name.as_deref().and_then(|n| n.to_str()) == Some(name) {
+                        if ev.name.as_deref().and_then(|n| n.to_str()) == Some(self.name.as_str()) {
                             woken = true;
                         }
                     }
@@ -118,52 +124,48 @@ impl FileWakeups {
 }
 
 impl Wakeups for FileWakeups {
-    fn arm<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()> {
-        Box::pin(async move {
-            use nix::sys::inotify::{AddWatchFlags as F, InitFlags, Inotify};
-            if self.fd.is_none() {
-                let dir = wake_dir(&self.db);
-                let fail = |e: &dyn std::fmt::Display| {
-                    StoreError::Unavailable(format!("cannot watch {}: {e}", dir.display()))
-                };
-                if !dir.is_dir() {
-                    make_dir(&self.db, &dir).map_err(|e| fail(&e))?;
-                }
-                let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-                    .map_err(|e| fail(&e))?;
-                ino.add_watch(&dir, F::IN_MOVED_TO | F::IN_CLOSE_WRITE)
-                    .map_err(|e| fail(&e))?;
-                // SAFETY: `Ino` owns the descriptor, so it stays open (and
-                // the same file) for as long as the registration lives.
-                let fd = unsafe {
-                    tokio::io::unix::AsyncFd::register_with_interest(
-                        Ino(ino),
-                        tokio::io::Interest::READABLE,
-                    )
-                }
-                .map_err(|e| fail(&e.into_parts().1))?;
-                self.fd = Some(fd);
+    async fn arm(&mut self) -> Result<(), StoreError> {
+        use nix::sys::inotify::{AddWatchFlags as F, InitFlags, Inotify};
+        if self.fd.is_none() {
+            let dir = wake_dir(&self.db);
+            let fail = |e: &dyn std::fmt::Display| {
+                StoreError::Unavailable(format!("cannot watch {}: {e}", dir.display()))
+            };
+            if !dir.is_dir() {
+                make_dir(&self.db, &dir).map_err(|e| fail(&e))?;
             }
-            self.drain(name).map(|_| ())
-        })
+            let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+                .map_err(|e| fail(&e))?;
+            ino.add_watch(&dir, F::IN_MOVED_TO | F::IN_CLOSE_WRITE)
+                .map_err(|e| fail(&e))?;
+            // SAFETY: `Ino` owns the descriptor, so it stays open (and
+            // the same file) for as long as the registration lives.
+            let fd = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(
+                    Ino(ino),
+                    tokio::io::Interest::READABLE,
+                )
+            }
+            .map_err(|e| fail(&e.into_parts().1))?;
+            self.fd = Some(fd);
+        }
+        self.drain().map(|_| ())
     }
 
-    fn wake<'a>(&'a mut self, name: &'a str) -> Fut<'a, ()> {
-        Box::pin(async move {
-            loop {
-                let Some(fd) = self.fd.as_ref() else {
-                    return Err(StoreError::Unavailable("not watching".into()));
-                };
-                let mut ready = fd
-                    .readable()
-                    .await
-                    .map_err(|e| StoreError::Unavailable(format!("inotify: {e}")))?;
-                ready.clear_ready();
-                drop(ready);
-                if self.drain(name)? {
-                    return Ok(());
-                }
+    async fn wake(&mut self) -> Result<(), StoreError> {
+        loop {
+            let Some(fd) = self.fd.as_ref() else {
+                return Err(StoreError::Unavailable("not watching".into()));
+            };
+            let mut ready = fd
+                .readable()
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("inotify: {e}")))?;
+            ready.clear_ready();
+            drop(ready);
+            if self.drain()? {
+                return Ok(());
             }
-        })
+        }
     }
 }
