@@ -58,6 +58,7 @@ mod lease;
 pub mod mysql;
 pub mod postgres;
 pub mod redis;
+mod session;
 mod sql;
 pub mod sqlite;
 mod target;

@@ -1,29 +1,15 @@
-//! What the SQL stores (Postgres, MySQL/MariaDB, SQLite) share: one
-//! connection kept between calls, every call bounded by a timeout, errors
-//! classified, rows decoded defensively, durations clamped before they are
-//! written.
-//!
-//! The connection is taken out of the session for the duration of a call and
-//! put back only on success: a call that fails, or whose future is dropped
-//! by the elector's give-up timer mid-flight, leaves no half-used connection
-//! behind, and the next call reconnects.
+//! What the SQL stores (Postgres, MySQL/MariaDB, SQLite) share below their
+//! statements: how sqlx's errors are classified (TLS refusals, unreadable
+//! TLS files, a missing table), rows decoded defensively, durations clamped
+//! before they are written. Their sessions are src/store/session.rs's.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
+use super::session::Connect;
 use super::{LeaseInfo, StoreError, MAX_STORED};
 
-/// A query borrowed from the call site, run on a connection it lends.
-pub(crate) type BoxFut<'c, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
-
-/// What differs between the SQL stores below the statements themselves.
-pub(crate) trait Dialect {
-    type Conn: Send;
-    /// The store as shown to people (password hidden).
-    fn shown(&self) -> String;
-    /// A fresh connection, set up and with the lease table in place.
-    fn connect(&mut self) -> impl Future<Output = Result<Self::Conn, StoreError>>;
+/// What differs between the SQL stores' errors, beyond the network.
+pub(crate) trait Dialect: Connect<Error = sqlx::Error> {
     /// Server errors that may heal by themselves, beyond the network.
     fn may_heal(e: &sqlx::Error) -> bool;
     /// Whether `e` says the lease table does not exist (for the calls that
@@ -35,57 +21,13 @@ pub(crate) trait Dialect {
     const TLS_FILES: &'static [&'static str] = &[];
 }
 
-pub(crate) struct Session<D: Dialect> {
-    pub d: D,
-    conn: Option<D::Conn>,
-}
-
-impl<D: Dialect> Session<D> {
-    pub fn new(d: D) -> Self {
-        Session { d, conn: None }
+/// `what` ("cannot renew in") the store, with the server's own words: what
+/// each SQL store's [`Connect::classify`] says.
+pub(crate) fn error<D: Dialect>(d: &D, what: &str, e: sqlx::Error) -> StoreError {
+    if D::no_table(&e) {
+        return no_table(&d.shown());
     }
-
-    /// Drop the connection; the next call makes a new one.
-    pub fn reset(&mut self) {
-        self.conn = None;
-    }
-
-    /// Run `f` on a connection within `timeout`; keep the connection only
-    /// when the call succeeded.
-    pub async fn call<T, F>(&mut self, timeout: Duration, what: &str, f: F) -> Result<T, StoreError>
-    where
-        F: for<'c> FnOnce(&'c mut D::Conn) -> BoxFut<'c, T>,
-    {
-        let work = async {
-            let mut conn = match self.conn.take() {
-                Some(c) => c,
-                None => self.d.connect().await?,
-            };
-            match f(&mut conn).await {
-                Ok(v) => {
-                    self.conn = Some(conn);
-                    Ok(v)
-                }
-                Err(e) => Err(self.error(what, &e)),
-            }
-        };
-        match tokio::time::timeout(timeout, work).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "the store {} did not answer within {}",
-                self.d.shown(),
-                humantime::format_duration(timeout)
-            ))),
-        }
-    }
-
-    /// `what` ("cannot renew in") the store, with the server's own words.
-    pub fn error(&self, what: &str, e: &sqlx::Error) -> StoreError {
-        if D::no_table(e) {
-            return no_table(&self.d.shown());
-        }
-        classify::<D>(&format!("{what} the store {}", self.d.shown()), e)
-    }
+    classify::<D>(&format!("{what} the store {}", d.shown()), &e)
 }
 
 /// `context: <the server's words>`, may-heal or will-not-heal.

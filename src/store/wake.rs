@@ -39,7 +39,8 @@ pub trait Wakeups {
 
 /// The subscription of whichever store pushes.
 pub enum Subscription {
-    Postgres(postgres::wake::HostsWakeups),
+    // Boxed: its listener is large, and only one subscription is made per run.
+    Postgres(Box<postgres::wake::HostsWakeups>),
     Redis(redis::wake::RedisWakeups),
     Etcd(etcd::wake::EtcdWakeups),
     Sqlite(sqlite::wake::FileWakeups),

@@ -11,7 +11,7 @@
 //! kernel accepts the connection and the request sits unanswered. Two rules
 //! keep such a member from eating the lease's budget:
 //!
-//! * **Within a call, another member is asked too** ([`Client::call`]). The
+//! * **Within a call, another member is asked too** ([`Members::call`]). The
 //!   first attempt goes to the member that answered last; if it has not
 //!   answered after [`hedge`] (a quarter of the time left, 10–500 ms), the
 //!   same step goes to the next member as well, and so on. The first answer
@@ -28,12 +28,15 @@
 //!   (`out`), and clears the mark only when the call completes; the next call
 //!   that finds a mark left behind starts at the member after it.
 //!
-//! The stream a watch reads ([`Client::stream`]) tries the members in turn
+//! The stream a watch reads ([`Members::stream`]) tries the members in turn
 //! and follows the second rule: it is one request whose answer never ends,
 //! so there is nothing to race.
 
+use std::cell::{Cell, OnceCell, RefCell};
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -103,10 +106,6 @@ impl std::fmt::Display for EtcdError {
 
 pub(super) type Res<T> = Result<T, EtcdError>;
 
-/// One attempt of a call's step on one member, as [`Client::call`] runs it:
-/// it owns its [`Session`] and hands it back with its result.
-pub(super) type Step<'b, T> = Pin<Box<dyn Future<Output = (Session, Res<T>)> + 'b>>;
-
 /// How long an attempt may go unanswered before the next member is asked
 /// too: a quarter of the time left, so that with three members listed the
 /// third still gets half of it; at least 10 ms (below that, a healthy
@@ -117,85 +116,38 @@ pub(super) fn hedge(left: Duration) -> Duration {
     (left / 4).clamp(Duration::from_millis(10), Duration::from_millis(500))
 }
 
-/// One cluster, as the URL names it, and what is learnt from it: the
-/// connection kept from the last call, the member to try first, the auth
-/// token.
-pub(super) struct Client {
+/// The cluster as the URL names it: its members, how to speak to them,
+/// and as whom. Shared by the store's calls and its watch.
+pub(super) struct Reach {
     endpoints: Vec<(String, u16)>,
     tls: bool,
-    ca_file: Option<std::path::PathBuf>,
-    connector: Option<tokio_rustls::TlsConnector>,
+    ca_file: Option<PathBuf>,
     user: Option<(String, String)>,
-    token: Option<String>,
-    idle: Option<Conn>,
-    next: usize,
-    /// The member a call last sent an attempt to, while that call is out.
-    /// A call that completes clears it; one that was abandoned leaves it
-    /// behind, and the next call starts at the member after it.
-    out: Option<usize>,
-    /// The current call's deadline (set by the store for every call): the
-    /// hedging interval is a share of what is left of it.
-    deadline: Option<Instant>,
+    /// Made on first use (reading the roots and `cacert=`), then kept.
+    connector: OnceCell<tokio_rustls::TlsConnector>,
 }
 
-impl Client {
+impl Reach {
     pub fn new(
         endpoints: Vec<(String, u16)>,
         tls: bool,
-        ca_file: Option<std::path::PathBuf>,
+        ca_file: Option<PathBuf>,
         user: Option<(String, String)>,
-    ) -> Client {
-        Client {
+    ) -> Reach {
+        Reach {
             endpoints,
             tls,
             ca_file,
-            connector: None,
             user,
-            token: None,
-            idle: None,
-            next: 0,
-            out: None,
-            deadline: None,
+            connector: OnceCell::new(),
         }
     }
 
-    /// The same cluster and credentials, with no connection or token of
-    /// its own yet: for a watch, which must not share the call connection.
-    pub fn fresh(&self) -> Client {
-        Client {
-            endpoints: self.endpoints.clone(),
-            tls: self.tls,
-            ca_file: self.ca_file.clone(),
-            connector: self.connector.clone(),
-            user: self.user.clone(),
-            token: None,
-            idle: None,
-            next: self.next,
-            out: None,
-            deadline: None,
-        }
-    }
-
-    /// The deadline of the call about to be made.
-    pub fn deadline(&mut self, at: Instant) {
-        self.deadline = Some(at);
-    }
-
-    /// Where the next call starts: after the member an abandoned call was
-    /// left waiting on, whose connection went with it.
-    fn start(&mut self) -> usize {
-        if let Some(ep) = self.out.take() {
-            self.next = (ep + 1) % self.endpoints.len();
-            self.idle = None;
-        }
-        self.next
-    }
-
-    fn tls_connector(&mut self) -> Res<Option<tokio_rustls::TlsConnector>> {
+    fn tls_connector(&self) -> Res<Option<tokio_rustls::TlsConnector>> {
         if !self.tls {
             return Ok(None);
         }
-        if let Some(c) = &self.connector {
+        if let Some(c) = self.connector.get() {
             return Ok(Some(c.clone()));
         }
         // The system's roots (which honour SSL_CERT_FILE / SSL_CERT_DIR),
@@ -218,60 +170,134 @@ impl Client {
             .with_root_certificates(roots)
             .with_no_client_auth();
         let c = tokio_rustls::TlsConnector::from(Arc::new(config));
-        self.connector = Some(c.clone());
-        Ok(Some(c))
+        Ok(Some(self.connector.get_or_init(|| c).clone()))
+    }
+}
+
+/// What one call leaves for the next, whether it completed, failed or was
+/// abandoned: the member to start at, and the auth token.
+#[derive(Default)]
+pub(super) struct Cursor {
+    next: Cell<usize>,
+    /// The member a call last sent an attempt to, while that call is out.
+    /// A call that completes clears it; one that was abandoned leaves it
+    /// behind, and the next call starts at the member after it.
+    out: Cell<Option<usize>>,
+    token: RefCell<Option<String>>,
+}
+
+impl Cursor {
+    /// Starting where this one would, with no token or call of its own:
+    /// for a watch, which must not share the calls' connection.
+    pub fn detached(&self) -> Cursor {
+        let c = Cursor::default();
+        c.next.set(self.next.get());
+        c
+    }
+}
+
+/// The cluster's members as one connection of the store's session
+/// (src/store/session.rs): the connection to the member that answered last,
+/// kept while calls succeed, and the cursor shared with the session, which
+/// outlives a connection dropped with a failed or abandoned call.
+pub(super) struct Members {
+    reach: Rc<Reach>,
+    cursor: Rc<Cursor>,
+    idle: Option<Conn>,
+    /// The current call's deadline: the hedging interval is a share of
+    /// what is left of it.
+    deadline: Option<Instant>,
+}
+
+impl Members {
+    pub fn new(reach: Rc<Reach>, cursor: Rc<Cursor>) -> Members {
+        Members {
+            reach,
+            cursor,
+            idle: None,
+            deadline: None,
+        }
     }
 
-    fn session(
+    /// The deadline of the call about to be made.
+    pub fn deadline(&mut self, at: Instant) {
+        self.deadline = Some(at);
+    }
+
+    /// Where the next call starts: after the member an abandoned call was
+    /// left waiting on, whose connection went with it.
+    fn start(&mut self) -> usize {
+        if let Some(ep) = self.cursor.out.take() {
+            self.cursor.next.set((ep + 1) % self.reach.endpoints.len());
+            self.idle = None;
+        }
+        self.cursor.next.get()
+    }
+
+    fn member(
         &self,
         endpoint: usize,
         conn: Option<Conn>,
         tls: Option<tokio_rustls::TlsConnector>,
-    ) -> Session {
-        let (host, port) = self.endpoints[endpoint].clone();
-        Session {
+    ) -> Member {
+        let (host, port) = self.reach.endpoints[endpoint].clone();
+        Member {
             endpoint,
             host,
             port,
             tls,
             conn,
-            user: self.user.clone(),
-            token: self.token.clone(),
+            user: self.reach.user.clone(),
+            token: self.cursor.token.borrow().clone(),
         }
     }
 
-    /// A completed call's session: its token and its connection are kept
-    /// for the next call, which starts at its member.
-    fn adopt(&mut self, s: Session) {
+    /// A completed call's member: its token and its connection are kept
+    /// for the next call, which starts there.
+    fn adopt(&mut self, s: Member) {
         if s.token.is_some() {
-            self.token = s.token;
+            *self.cursor.token.borrow_mut() = s.token;
         }
-        self.next = s.endpoint;
+        self.cursor.next.set(s.endpoint);
         self.idle = s.conn;
-        self.out = None;
+        self.cursor.out.set(None);
+    }
+
+    /// Every member was asked and none could answer: the next call starts
+    /// after the first one asked.
+    fn none_answered(&mut self, first: usize) -> EtcdError {
+        self.cursor.out.set(None);
+        self.cursor
+            .next
+            .set((first + 1) % self.reach.endpoints.len());
+        EtcdError::Transport("no endpoint".into())
     }
 
     /// One POST of `body` to `path`, on whichever member answers first
     /// (see the module's doc): only for a request that is safe to apply
     /// more than once.
     pub async fn rpc(&mut self, path: &str, body: &Value) -> Res<Value> {
-        let step = one(path, body);
-        self.call(&step).await
+        self.call(&|mut s: Member| async move {
+            let r = s.call(path, body).await;
+            (s, r)
+        })
+        .await
     }
 
     /// Run `op`, a step of one or more requests on one member, on the
     /// members in turn, hedged (see the module's doc): the first to finish
     /// with a result or an error that is not transient decides. Every
     /// request in `op` must be safe to apply more than once.
-    pub async fn call<'b, T, F>(&mut self, op: &F) -> Res<T>
+    pub async fn call<T, F, Fut>(&mut self, op: &F) -> Res<T>
     where
-        F: Fn(Session) -> Step<'b, T>,
+        F: Fn(Member) -> Fut,
+        Fut: Future<Output = (Member, Res<T>)>,
     {
-        let tls = self.tls_connector()?;
-        let n = self.endpoints.len();
+        let tls = self.reach.tls_connector()?;
+        let n = self.reach.endpoints.len();
         let first = self.start();
         let mut idle = self.idle.take();
-        let mut attempts: Vec<Step<'b, T>> = Vec::with_capacity(n);
+        let mut attempts: Vec<Pin<Box<Fut>>> = Vec::with_capacity(n);
         let (mut started, mut now_please) = (0, true);
         let mut hedge_at = Instant::now();
         let mut last = None;
@@ -283,8 +309,8 @@ impl Client {
                 let conn = idle.take().filter(|c| c.endpoint == ep);
                 // Marked before the attempt can block: if this call is
                 // dropped from here on, the next one starts after `ep`.
-                self.out = Some(ep);
-                attempts.push(op(self.session(ep, conn, tls.clone())));
+                self.cursor.out.set(Some(ep));
+                attempts.push(Box::pin(op(self.member(ep, conn, tls.clone()))));
                 let left = self
                     .deadline
                     .map_or(Duration::MAX, |d| d.saturating_duration_since(now));
@@ -293,10 +319,8 @@ impl Client {
                 continue;
             }
             if attempts.is_empty() {
-                // Every member was asked and none could answer.
-                self.out = None;
-                self.next = (first + 1) % n;
-                return Err(last.unwrap_or_else(|| EtcdError::Transport("no endpoint".into())));
+                let none = self.none_answered(first);
+                return Err(last.unwrap_or(none));
             }
             let more = started < n;
             let mut timer = std::pin::pin!(tokio::time::sleep_until(hedge_at));
@@ -334,62 +358,51 @@ impl Client {
     /// A request whose reply is a stream that does not end (a watch): the
     /// members in turn, each until it fails, from where the last call
     /// left off. The call stays marked out (see the module's doc) until
-    /// [`Client::settled`], which the watch calls once etcd confirmed it,
+    /// [`Members::settled`], which the watch calls once etcd confirmed it,
     /// so that a start abandoned while a member hangs moves the next start
     /// on.
     pub async fn stream(&mut self, path: &str, body: &Value) -> Res<Conn> {
-        let tls = self.tls_connector()?;
-        let n = self.endpoints.len();
+        let tls = self.reach.tls_connector()?;
+        let n = self.reach.endpoints.len();
         let first = self.start();
         let mut last = None;
         for k in 0..n {
             let ep = (first + k) % n;
-            self.out = Some(ep);
-            let mut s = self.session(ep, None, tls.clone());
+            self.cursor.out.set(Some(ep));
+            let mut s = self.member(ep, None, tls.clone());
             match s.open_stream(path, body).await {
                 Ok(conn) => {
                     if s.token.is_some() {
-                        self.token = s.token;
+                        *self.cursor.token.borrow_mut() = s.token;
                     }
-                    self.next = ep;
+                    self.cursor.next.set(ep);
                     return Ok(conn);
                 }
                 Err(e) if e.is_transient() => last = Some(e),
                 Err(e) => {
-                    self.out = None;
-                    self.next = ep;
+                    self.cursor.out.set(None);
+                    self.cursor.next.set(ep);
                     // A token the server no longer knows: the next start
                     // authenticates anew.
-                    self.token = None;
+                    *self.cursor.token.borrow_mut() = None;
                     return Err(e);
                 }
             }
         }
-        self.out = None;
-        self.next = (first + 1) % n;
-        Err(last.unwrap_or_else(|| EtcdError::Transport("no endpoint".into())))
+        let none = self.none_answered(first);
+        Err(last.unwrap_or(none))
     }
 
-    /// The stream [`Client::stream`] opened is confirmed: its start is no
+    /// The stream [`Members::stream`] opened is confirmed: its start is no
     /// longer out.
     pub fn settled(&mut self) {
-        self.out = None;
-    }
-}
-
-/// The step of [`Client::rpc`]: one request.
-fn one<'b>(path: &'b str, body: &'b Value) -> impl Fn(Session) -> Step<'b, Value> + 'b {
-    move |mut s| {
-        Box::pin(async move {
-            let r = s.call(path, body).await;
-            (s, r)
-        })
+        self.cursor.out.set(None);
     }
 }
 
 /// One member, for one attempt: its connection (made on first use), and
-/// the auth token as the client had it (or as this session renewed it).
-pub(super) struct Session {
+/// the auth token as the cursor had it (or as this attempt renewed it).
+pub(super) struct Member {
     endpoint: usize,
     host: String,
     port: u16,
@@ -399,7 +412,7 @@ pub(super) struct Session {
     token: Option<String>,
 }
 
-impl Session {
+impl Member {
     /// The member's Raft term in the last reply on this session's
     /// connection; `None` before the first one (a new connection).
     pub fn term(&self) -> Option<i64> {
@@ -772,12 +785,12 @@ mod tests {
         port
     }
 
-    fn client(ports: &[u16]) -> Client {
+    fn client(ports: &[u16]) -> Members {
         let eps = ports
             .iter()
             .map(|p| ("127.0.0.1".to_string(), *p))
             .collect();
-        Client::new(eps, false, None, None)
+        Members::new(Rc::new(Reach::new(eps, false, None, None)), Rc::default())
     }
 
     /// A frozen member listed first costs one hedge, not the call: the

@@ -53,11 +53,13 @@
 //! nothing half-read behind.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+use super::session::{Connect, Session};
 use super::sql::millis;
 use super::wake::Subscription;
 use super::{
@@ -71,16 +73,82 @@ mod url;
 pub(crate) mod wake;
 
 use self::api::*;
-use self::http::{int, Client, EtcdError, Res, Session, Step};
+use self::http::{int, Cursor, EtcdError, Member, Members, Reach, Res};
 use self::url::from_url;
 
 pub struct EtcdStore {
-    client: Client,
-    /// How the store is shown: built from the parsed URL, password hidden.
-    shown: String,
+    s: Session<Cluster>,
     /// The etcd lease behind the grant this lock took: (epoch, lease ID).
     /// (A store is bound to one lease name and holder once it is a lock.)
     granted: Option<(i64, i64)>,
+}
+
+/// How to reach the cluster. Its "connection" is the set of members
+/// ([`Members`]): the connection to the one that answered last, kept while
+/// calls succeed; the cursor (where the next call starts, the auth token)
+/// is shared with every connection made, so that it outlives one dropped
+/// with a failed or abandoned call.
+struct Cluster {
+    reach: Rc<Reach>,
+    cursor: Rc<Cursor>,
+    /// Built from the parsed URL, password hidden.
+    shown: String,
+}
+
+impl Connect for Cluster {
+    type Conn = Members;
+    type Error = EtcdError;
+
+    fn shown(&self) -> String {
+        self.shown.clone()
+    }
+
+    /// Nothing to wait for: each request connects to a member when it
+    /// needs one (http.rs).
+    async fn connect(&mut self, _deadline: Instant) -> Result<Members, StoreError> {
+        Ok(Members::new(self.reach.clone(), self.cursor.clone()))
+    }
+
+    fn classify(&self, what: &str, e: EtcdError) -> StoreError {
+        // etcd's own messages ("authentication failed, invalid user ID or
+        // password") and ours name no password.
+        let msg = format!("{what} the store {}: {e}", self.shown);
+        if e.is_transient() {
+            StoreError::Unavailable(msg)
+        } else {
+            StoreError::Fatal(msg)
+        }
+    }
+}
+
+impl EtcdStore {
+    fn new(url: &::url::Url) -> Result<EtcdStore, String> {
+        let p = from_url(url)?;
+        Ok(EtcdStore {
+            s: Session::new(Cluster {
+                reach: Rc::new(Reach::new(p.endpoints, p.tls, p.ca_file, p.user)),
+                cursor: Rc::default(),
+                shown: p.shown,
+            }),
+            granted: None,
+        })
+    }
+
+    /// A call on the session: `f`'s requests, hedged across the members
+    /// within the call's deadline.
+    async fn call<T>(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        f: impl AsyncFnOnce(&mut Members) -> Res<T>,
+    ) -> Result<T, StoreError> {
+        self.s
+            .call(timeout, what, async move |m, deadline| {
+                m.deadline(deadline);
+                f(m).await
+            })
+            .await
+    }
 }
 
 /// Whole seconds, rounded up, at least one.
@@ -133,7 +201,7 @@ fn fresh_lease_id() -> i64 {
 /// answered by another member says nothing about who handled the
 /// keepalive. Both are safe to repeat: another keepalive only moves the
 /// expiry later, a read changes nothing.
-async fn renew_on(s: &mut Session, lk: &str, value: &str, id: i64) -> Res<bool> {
+async fn renew_on(s: &mut Member, lk: &str, value: &str, id: i64) -> Res<bool> {
     let read = json!({"key": b64(lk)});
     if s.term().is_none() {
         // A new connection: the member's term to start from.
@@ -169,39 +237,19 @@ async fn renew_on(s: &mut Session, lk: &str, value: &str, id: i64) -> Res<bool> 
     ))
 }
 
-impl EtcdStore {
-    fn new(url: &::url::Url) -> Result<EtcdStore, String> {
-        let p = from_url(url)?;
-        Ok(EtcdStore {
-            client: Client::new(p.endpoints, p.tls, p.ca_file, p.user),
-            shown: p.shown,
-            granted: None,
-        })
-    }
-
-    fn classify(&self, what: &str, e: EtcdError) -> StoreError {
-        // etcd's own messages ("authentication failed, invalid user ID or
-        // password") and ours name no password.
-        let msg = format!("{what} the store {}: {e}", self.shown);
-        if e.is_transient() {
-            StoreError::Unavailable(msg)
-        } else {
-            StoreError::Fatal(msg)
-        }
-    }
-
+/// The store's operations as requests to the cluster's members (each safe
+/// to send more than once, see http.rs).
+impl Members {
     async fn txn(&mut self, compare: Value, success: Value, failure: Value) -> Res<Value> {
-        self.client
-            .rpc(
-                "/v3/kv/txn",
-                &json!({"compare": compare, "success": success, "failure": failure}),
-            )
-            .await
+        self.rpc(
+            "/v3/kv/txn",
+            &json!({"compare": compare, "success": success, "failure": failure}),
+        )
+        .await
     }
 
     async fn revoke(&mut self, id: i64) -> Res<()> {
         match self
-            .client
             .rpc("/v3/lease/revoke", &json!({"ID": id.to_string()}))
             .await
         {
@@ -213,7 +261,6 @@ impl EtcdStore {
     /// Seconds left on an etcd lease; -1 when it is gone.
     async fn ttl_left(&mut self, id: i64) -> Res<i64> {
         let r = self
-            .client
             .rpc("/v3/lease/timetolive", &json!({"ID": id.to_string()}))
             .await?;
         Ok(int(&r, "TTL"))
@@ -230,7 +277,7 @@ impl EtcdStore {
     /// one whose reply was lost could not even be revoked.
     async fn grant(&mut self, ttl: i64, id: i64) -> Res<()> {
         let body = json!({"TTL": ttl.to_string(), "ID": id.to_string()});
-        let granted = match self.client.rpc("/v3/lease/grant", &body).await {
+        let granted = match self.rpc("/v3/lease/grant", &body).await {
             Ok(r) if int(&r, "ID") == id => int(&r, "TTL"),
             Ok(r) => {
                 return Err(EtcdError::Refused(format!(
@@ -243,7 +290,6 @@ impl EtcdStore {
             // branch.)
             Err(e) if e.is_exists() => {
                 let r = self
-                    .client
                     .rpc("/v3/lease/timetolive", &json!({"ID": id.to_string()}))
                     .await?;
                 match int(&r, "grantedTTL") {
@@ -283,9 +329,10 @@ impl EtcdStore {
         Ok((lease, epoch))
     }
 
-    async fn acquire_inner(&mut self, name: &str, holder: &str, ttl: i64) -> Res<Option<i64>> {
+    /// Take the lease: its epoch and the etcd lease behind it.
+    async fn take(&mut self, name: &str, holder: &str, ttl: i64) -> Res<Option<(i64, i64)>> {
         let mut id = None;
-        let res = self.try_acquire(name, holder, ttl, &mut id).await;
+        let res = self.try_take(name, holder, ttl, &mut id).await;
         // A grant we did not use: hand it back rather than let it linger.
         if !matches!(res, Ok(Some(_))) {
             if let Some(id) = id {
@@ -295,13 +342,13 @@ impl EtcdStore {
         res
     }
 
-    async fn try_acquire(
+    async fn try_take(
         &mut self,
         name: &str,
         holder: &str,
         ttl: i64,
         id: &mut Option<i64>,
-    ) -> Res<Option<i64>> {
+    ) -> Res<Option<(i64, i64)>> {
         let (lk, ek) = (lease_key(name), epoch_key(name));
         // Bounded by the caller's timeout; more than one round only when a
         // whole acquire-and-release slipped in between our read and write.
@@ -371,15 +418,21 @@ impl EtcdStore {
                 }
             };
             if ours {
-                self.granted = Some((epoch, lease_id));
-                return Ok(Some(epoch));
+                return Ok(Some((epoch, lease_id)));
             }
         }
     }
 
-    /// The etcd lease behind our grant: remembered, or read from the key.
-    async fn grant_of(&mut self, name: &str, value: &str, epoch: i64) -> Res<Option<i64>> {
-        if let Some((e, id)) = self.granted {
+    /// The etcd lease behind our grant: remembered (`known`, the grant
+    /// this lock took), or read from the key.
+    async fn grant_of(
+        &mut self,
+        name: &str,
+        value: &str,
+        epoch: i64,
+        known: Option<(i64, i64)>,
+    ) -> Res<Option<i64>> {
+        if let Some((e, id)) = known {
             if e == epoch {
                 return Ok(Some(id));
             }
@@ -388,40 +441,41 @@ impl EtcdStore {
         Ok(lease.filter(|kv| kv.value == value).map(|kv| kv.lease))
     }
 
-    async fn renew_inner(&mut self, name: &str, holder: &str, epoch: i64) -> Res<bool> {
+    async fn renew_grant(
+        &mut self,
+        name: &str,
+        holder: &str,
+        epoch: i64,
+        known: Option<(i64, i64)>,
+    ) -> Res<bool> {
         let value = lease_value(epoch, holder);
-        let Some(id) = self.grant_of(name, &value, epoch).await? else {
+        let Some(id) = self.grant_of(name, &value, epoch, known).await? else {
             return Ok(false);
         };
         let lk = lease_key(name);
         let (lk, value) = (lk.as_str(), value.as_str());
-        let step = move |mut s: Session| -> Step<'_, bool> {
-            Box::pin(async move {
-                let r = renew_on(&mut s, lk, value, id).await;
-                (s, r)
-            })
+        let step = move |mut s: Member| async move {
+            let r = renew_on(&mut s, lk, value, id).await;
+            (s, r)
         };
-        let renewed = self.client.call(&step).await?;
-        if !renewed {
-            self.granted = None;
-        }
-        Ok(renewed)
+        self.call(&step).await
     }
 
-    async fn release_inner(
+    async fn give_back(
         &mut self,
         name: &str,
         holder: &str,
         epoch: i64,
         keep: Duration,
+        known: Option<(i64, i64)>,
     ) -> Res<bool> {
         let lk = lease_key(name);
         let value = lease_value(epoch, holder);
         let ours =
             json!([{"key": b64(&lk), "target": "VALUE", "result": "EQUAL", "value": b64(&value)}]);
-        let old = self.grant_of(name, &value, epoch).await?;
-        self.granted = None;
-        let Some(old) = old else { return Ok(false) };
+        let Some(old) = self.grant_of(name, &value, epoch, known).await? else {
+            return Ok(false);
+        };
         // Each write below is safe to send to several members, applied
         // any number of times in any order: it changes the key only while
         // it holds exactly our `EPOCH:HOLDER`, which no later holder's key
@@ -447,7 +501,6 @@ impl EtcdStore {
         // new one of `keep` (whole seconds, rounded up) and ours is revoked.
         let new = fresh_lease_id();
         let grant = self
-            .client
             .rpc(
                 "/v3/lease/grant",
                 &json!({"TTL": ttl_secs(keep).to_string(), "ID": new.to_string()}),
@@ -507,12 +560,12 @@ impl EtcdStore {
         })
     }
 
-    async fn inspect_inner(&mut self, name: &str) -> Res<Option<LeaseInfo>> {
+    async fn inspect_lease(&mut self, name: &str) -> Res<Option<LeaseInfo>> {
         let (lease, counter) = self.read(name).await?;
         self.info(name, lease, counter).await
     }
 
-    async fn list_inner(&mut self) -> Res<Vec<LeaseInfo>> {
+    async fn list_leases(&mut self) -> Res<Vec<LeaseInfo>> {
         let r = self
             .txn(
                 json!([]),
@@ -539,7 +592,7 @@ impl EtcdStore {
         Ok(out)
     }
 
-    async fn clear_inner(&mut self, name: &str, epoch: Option<i64>) -> Res<Option<LeaseInfo>> {
+    async fn clear_lease(&mut self, name: &str, epoch: Option<i64>) -> Res<Option<LeaseInfo>> {
         let (lease, counter) = self.read(name).await?;
         let Some(kv) = lease else { return Ok(None) };
         if let Some(e) = epoch {
@@ -581,12 +634,17 @@ impl Backend for EtcdStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
-        let (name, holder) = (key.name.as_str(), key.holder.as_str());
-        self.client.deadline(Instant::now() + timeout);
         let ttl = ttl_secs(lease);
-        let work = async { self.acquire_inner(name, holder, ttl).await };
-        let r = tokio::time::timeout(timeout, work).await;
-        self.settle(r, timeout, "cannot acquire in")
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
+        let taken = self
+            .call(timeout, "cannot acquire in", async |m| {
+                m.take(name, holder, ttl).await
+            })
+            .await?;
+        Ok(taken.map(|(epoch, id)| {
+            self.granted = Some((epoch, id));
+            epoch
+        }))
     }
 
     async fn renew(
@@ -596,11 +654,17 @@ impl Backend for EtcdStore {
         _lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder) = (key.name.as_str(), key.holder.as_str());
-        self.client.deadline(Instant::now() + timeout);
+        let (name, holder, known) = (key.name.as_str(), key.holder.as_str(), self.granted);
         // The TTL was fixed at the grant; a keepalive restores it in full.
-        let r = tokio::time::timeout(timeout, self.renew_inner(name, holder, epoch)).await;
-        self.settle(r, timeout, "cannot renew in")
+        let renewed = self
+            .call(timeout, "cannot renew in", async |m| {
+                m.renew_grant(name, holder, epoch, known).await
+            })
+            .await?;
+        if !renewed {
+            self.granted = None;
+        }
+        Ok(renewed)
     }
 
     async fn release(
@@ -610,10 +674,14 @@ impl Backend for EtcdStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder) = (key.name.as_str(), key.holder.as_str());
-        self.client.deadline(Instant::now() + timeout);
-        let r = tokio::time::timeout(timeout, self.release_inner(name, holder, epoch, keep)).await;
-        self.settle(r, timeout, "cannot release in")
+        let (name, holder, known) = (key.name.as_str(), key.holder.as_str(), self.granted);
+        let released = self
+            .call(timeout, "cannot release in", async |m| {
+                m.give_back(name, holder, epoch, keep, known).await
+            })
+            .await?;
+        self.granted = None;
+        Ok(released)
     }
 
     async fn inspect(
@@ -621,13 +689,14 @@ impl Backend for EtcdStore {
         name: &str,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        self.client.deadline(Instant::now() + timeout);
-        let r = tokio::time::timeout(timeout, self.inspect_inner(name)).await;
-        self.settle(r, timeout, "cannot read")
+        self.call(timeout, "cannot read", async |m| {
+            m.inspect_lease(name).await
+        })
+        .await
     }
 
     fn describe(&self) -> String {
-        self.shown.clone()
+        self.s.c.shown()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -635,8 +704,9 @@ impl Backend for EtcdStore {
     }
 
     fn wakeups(&self, name: &str) -> Option<Subscription> {
+        let cursor = Rc::new(self.s.c.cursor.detached());
         Some(Subscription::Etcd(wake::EtcdWakeups::new(
-            self.client.fresh(),
+            Members::new(self.s.c.reach.clone(), cursor),
             name,
         )))
     }
@@ -645,28 +715,24 @@ impl Backend for EtcdStore {
     /// (and authenticating) is still checked, so `init` fails on a wrong
     /// password.
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
-        self.client.deadline(Instant::now() + timeout);
-        let r = tokio::time::timeout(timeout, async {
-            self.client
-                .rpc("/v3/kv/range", &json!({"key": b64(EPOCH_PREFIX)}))
+        let body = json!({"key": b64(EPOCH_PREFIX)});
+        self.call(timeout, "cannot use", async |m| {
+            m.rpc("/v3/kv/range", &body)
                 .await
                 .map(|_| Init::NothingToDo)
         })
-        .await;
-        self.settle(r, timeout, "cannot use")
+        .await
     }
 
     /// A Raft quorum: etcd acknowledges a write once a majority of the
     /// voting members has it in its log on disk, so no failover loses it.
     /// Learners (non-voting members) do not count towards that majority.
     async fn replication(&mut self, timeout: Duration) -> Result<Replication, StoreError> {
-        self.client.deadline(Instant::now() + timeout);
-        let r = tokio::time::timeout(
-            timeout,
-            self.client.rpc("/v3/cluster/member/list", &json!({})),
-        )
-        .await;
-        let list = self.settle(r, timeout, "cannot read")?;
+        let list = self
+            .call(timeout, "cannot read", async |m| {
+                m.rpc("/v3/cluster/member/list", &json!({})).await
+            })
+            .await?;
         let voters = list
             .get("members")
             .and_then(Value::as_array)
@@ -690,9 +756,8 @@ impl Backend for EtcdStore {
     }
 
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.client.deadline(Instant::now() + timeout);
-        let r = tokio::time::timeout(timeout, self.list_inner()).await;
-        self.settle(r, timeout, "cannot read")
+        self.call(timeout, "cannot read", async |m| m.list_leases().await)
+            .await
     }
 
     async fn clear(
@@ -701,32 +766,10 @@ impl Backend for EtcdStore {
         epoch: Option<i64>,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        self.client.deadline(Instant::now() + timeout);
-        let r = tokio::time::timeout(timeout, self.clear_inner(name, epoch)).await;
-        self.settle(r, timeout, "cannot release in")
-    }
-}
-
-impl EtcdStore {
-    fn settle<T>(
-        &mut self,
-        r: Result<Res<T>, tokio::time::error::Elapsed>,
-        timeout: Duration,
-        what: &str,
-    ) -> Result<T, StoreError> {
-        match r {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.classify(what, e)),
-            Err(_) => {
-                // The abandoned call left its mark in the client, so the
-                // next one starts at another member (http.rs).
-                Err(StoreError::Unavailable(format!(
-                    "the store {} did not answer within {}",
-                    self.shown,
-                    humantime::format_duration(timeout)
-                )))
-            }
-        }
+        self.call(timeout, "cannot release in", async |m| {
+            m.clear_lease(name, epoch).await
+        })
+        .await
     }
 }
 

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use tokio::sync::mpsc;
 
-use super::http::{Client, Conn, MAX_BODY};
+use super::http::{Conn, Members, MAX_BODY};
 use super::{b64, lease_key, StoreError};
 use crate::store::wake::Wakeups;
 
@@ -32,8 +32,8 @@ enum Msg {
 }
 
 pub struct EtcdWakeups {
-    /// A second client: its own connection and its own auth token.
-    client: Client,
+    /// The cluster again: its own connection and its own auth token.
+    client: Members,
     /// The lease whose key is watched.
     name: String,
     rx: Option<mpsc::UnboundedReceiver<Msg>>,
@@ -41,7 +41,7 @@ pub struct EtcdWakeups {
 }
 
 impl EtcdWakeups {
-    pub(super) fn new(client: Client, name: &str) -> EtcdWakeups {
+    pub(super) fn new(client: Members, name: &str) -> EtcdWakeups {
         EtcdWakeups {
             client,
             name: name.to_string(),

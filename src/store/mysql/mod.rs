@@ -59,11 +59,13 @@ use std::time::Duration;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
 use sqlx::{Connection, Row};
+use tokio::time::Instant;
 
 use self::semisync::*;
 use self::statements::*;
 pub use self::statements::{SCHEMA, TABLE_SQL};
-use super::sql::{self, lease_info, millis, Dialect, Session};
+use super::session::{Connect, Session};
+use super::sql::{self, lease_info, millis, Dialect};
 use super::{
     Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Schema, Store, StoreError,
     Target,
@@ -111,14 +113,15 @@ fn number(e: &sqlx::Error) -> Option<u16> {
     }
 }
 
-impl Dialect for My {
+impl Connect for My {
     type Conn = MySqlConnection;
+    type Error = sqlx::Error;
 
     fn shown(&self) -> String {
         self.redacted.to_string()
     }
 
-    async fn connect(&mut self) -> Result<MySqlConnection, StoreError> {
+    async fn connect(&mut self, _deadline: Instant) -> Result<MySqlConnection, StoreError> {
         let mut conn = MySqlConnection::connect_with(&self.opts)
             .await
             .map_err(|e| match sql::connect_failed(self, &e) {
@@ -151,6 +154,12 @@ impl Dialect for My {
         Ok(conn)
     }
 
+    fn classify(&self, what: &str, e: sqlx::Error) -> StoreError {
+        sql::error(self, what, e)
+    }
+}
+
+impl Dialect for My {
     fn no_table(e: &sqlx::Error) -> bool {
         number(e) == Some(NO_SUCH_TABLE)
     }
@@ -277,39 +286,37 @@ impl MySqlStore {
         timeout: Duration,
     ) -> Result<bool, StoreError> {
         let (name, holder) = (name.to_string(), holder.to_string());
-        let check = acknowledged && self.s.d.require_sync;
+        let check = acknowledged && self.s.c.require_sync;
         let out = self
             .s
-            .call(timeout, what, move |c| {
-                Box::pin(async move {
-                    let before = match check {
-                        true => match semi_sync(c).await {
-                            Ok(st) => Some(st.no_tx),
-                            Err(e) if denied(&e) => {
-                                return Ok(Err(Refusal::CannotSee(sql::message(&e))))
-                            }
-                            Err(e) => return Err(e),
-                        },
-                        false => None,
-                    };
-                    let mut q = sqlx::query(sql);
-                    for d in durations {
-                        q = q.bind(d);
-                    }
-                    let done = q
-                        .bind(name)
-                        .bind(holder)
-                        .bind(epoch)
-                        .execute(&mut *c)
-                        .await?;
-                    let matched = done.rows_affected() == 1;
-                    if let (true, Some(before)) = (matched, before) {
-                        if semi_sync(c).await?.no_tx != before {
-                            return Ok(Err(Refusal::NotAcknowledged { acquired: false }));
+            .call(timeout, what, async move |c, _| {
+                let before = match check {
+                    true => match semi_sync(c).await {
+                        Ok(st) => Some(st.no_tx),
+                        Err(e) if denied(&e) => {
+                            return Ok(Err(Refusal::CannotSee(sql::message(&e))))
                         }
+                        Err(e) => return Err(e),
+                    },
+                    false => None,
+                };
+                let mut q = sqlx::query(sql);
+                for d in durations {
+                    q = q.bind(d);
+                }
+                let done = q
+                    .bind(name)
+                    .bind(holder)
+                    .bind(epoch)
+                    .execute(&mut *c)
+                    .await?;
+                let matched = done.rows_affected() == 1;
+                if let (true, Some(before)) = (matched, before) {
+                    if semi_sync(c).await?.no_tx != before {
+                        return Ok(Err(Refusal::NotAcknowledged { acquired: false }));
                     }
-                    Ok(Ok(matched))
-                })
+                }
+                Ok(Ok(matched))
             })
             .await?;
         out.map_err(|r| self.refused(what, r))
@@ -317,7 +324,7 @@ impl MySqlStore {
 
     /// A [`Refusal`] as the error the caller reports.
     fn refused(&self, what: &str, r: Refusal) -> StoreError {
-        let shown = self.s.d.shown();
+        let shown = self.s.c.shown();
         let sync = |m: &str| format!("{what} the store {shown} (require=sync): {m}");
         match r {
             // The server does not show a table to a login without any
@@ -375,45 +382,43 @@ impl Backend for MySqlStore {
     ) -> Result<Option<i64>, StoreError> {
         let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let (name, holder, us) = (name.to_string(), holder.to_string(), micros(lease));
-        let check = self.s.d.require_sync;
+        let check = self.s.c.require_sync;
         let what = "cannot acquire in";
         let out = self
             .s
-            .call(timeout, what, move |c| {
-                Box::pin(async move {
-                    let mut before = None;
-                    if check {
-                        let st = match semi_sync(c).await {
-                            Ok(st) => st,
-                            Err(e) if denied(&e) => {
-                                return Ok(Err(Refusal::CannotSee(sql::message(&e))))
-                            }
-                            Err(e) => return Err(e),
-                        };
-                        if let Some(why) = sync_refusal(c, &st).await? {
-                            return Ok(Err(why));
+            .call(timeout, what, async move |c, _| {
+                let mut before = None;
+                if check {
+                    let st = match semi_sync(c).await {
+                        Ok(st) => st,
+                        Err(e) if denied(&e) => {
+                            return Ok(Err(Refusal::CannotSee(sql::message(&e))))
                         }
-                        before = Some(st.no_tx);
-                    }
-                    let got = match take_or_create(c, &name, &holder, us).await? {
-                        Ok(got) => got,
-                        Err(r) => return Ok(Err(r)),
+                        Err(e) => return Err(e),
                     };
-                    if let (Some(epoch), Some(before)) = (got, before) {
-                        if semi_sync(c).await?.no_tx != before {
-                            sqlx::query(RELEASE_SQL)
-                                .bind(0i64)
-                                .bind(0i64)
-                                .bind(&name)
-                                .bind(&holder)
-                                .bind(epoch)
-                                .execute(&mut *c)
-                                .await?;
-                            return Ok(Err(Refusal::NotAcknowledged { acquired: true }));
-                        }
+                    if let Some(why) = sync_refusal(c, &st).await? {
+                        return Ok(Err(why));
                     }
-                    Ok(Ok(got))
-                })
+                    before = Some(st.no_tx);
+                }
+                let got = match take_or_create(c, &name, &holder, us).await? {
+                    Ok(got) => got,
+                    Err(r) => return Ok(Err(r)),
+                };
+                if let (Some(epoch), Some(before)) = (got, before) {
+                    if semi_sync(c).await?.no_tx != before {
+                        sqlx::query(RELEASE_SQL)
+                            .bind(0i64)
+                            .bind(0i64)
+                            .bind(&name)
+                            .bind(&holder)
+                            .bind(epoch)
+                            .execute(&mut *c)
+                            .await?;
+                        return Ok(Err(Refusal::NotAcknowledged { acquired: true }));
+                    }
+                }
+                Ok(Ok(got))
             })
             .await?;
         out.map_err(|r| self.refused(what, r))
@@ -465,20 +470,18 @@ impl Backend for MySqlStore {
     ) -> Result<Option<LeaseInfo>, StoreError> {
         let name = name.to_string();
         self.s
-            .call(timeout, "cannot read", move |c| {
-                Box::pin(async move {
-                    let row = sqlx::query(INSPECT_SQL)
-                        .bind(name)
-                        .fetch_optional(c)
-                        .await?;
-                    row.map(|r| lease_info(&r)).transpose()
-                })
+            .call(timeout, "cannot read", async move |c, _| {
+                let row = sqlx::query(INSPECT_SQL)
+                    .bind(name)
+                    .fetch_optional(c)
+                    .await?;
+                row.map(|r| lease_info(&r)).transpose()
             })
             .await
     }
 
     fn describe(&self) -> String {
-        self.s.d.shown()
+        self.s.c.shown()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -496,39 +499,37 @@ impl Backend for MySqlStore {
         let what = "cannot use";
         let out = self
             .s
-            .call(timeout, what, |c| {
-                Box::pin(async move {
-                    let probe = sqlx::query(PRIVILEGE_PROBES[0].1).execute(&mut *c).await;
-                    if matches!(&probe, Err(e) if number(e) == Some(NO_SUCH_TABLE)) {
-                        if let Err(e) = sqlx::query(TABLE_SQL).execute(&mut *c).await {
-                            if !table_visible(c).await? {
-                                return Ok(Err(Refusal::Table(Some(e))));
-                            }
+            .call(timeout, what, async move |c, _| {
+                let probe = sqlx::query(PRIVILEGE_PROBES[0].1).execute(&mut *c).await;
+                if matches!(&probe, Err(e) if number(e) == Some(NO_SUCH_TABLE)) {
+                    if let Err(e) = sqlx::query(TABLE_SQL).execute(&mut *c).await {
+                        if !table_visible(c).await? {
+                            return Ok(Err(Refusal::Table(Some(e))));
                         }
                     }
-                    for stmt in UPGRADE_SQL {
-                        match sqlx::query(stmt).execute(&mut *c).await {
-                            Err(e) if denied(&e) => break,
-                            done => done.map(|_| ())?,
-                        }
+                }
+                for stmt in UPGRADE_SQL {
+                    match sqlx::query(stmt).execute(&mut *c).await {
+                        Err(e) if denied(&e) => break,
+                        done => done.map(|_| ())?,
                     }
-                    let mut missing = Vec::new();
-                    for (privilege, probe) in PRIVILEGE_PROBES {
-                        match sqlx::query(probe).execute(&mut *c).await {
-                            Ok(_) => {}
-                            Err(e) if denied(&e) => {
-                                missing.push(format!("{privilege} on leader_lease"))
-                            }
-                            Err(e) => return Err(e),
+                }
+                let mut missing = Vec::new();
+                for (privilege, probe) in PRIVILEGE_PROBES {
+                    match sqlx::query(probe).execute(&mut *c).await {
+                        Ok(_) => {}
+                        Err(e) if denied(&e) => {
+                            missing.push(format!("{privilege} on leader_lease"))
                         }
+                        Err(e) => return Err(e),
                     }
-                    Ok(Ok(missing))
-                })
+                }
+                Ok(Ok(missing))
             })
             .await?;
         let missing = out.map_err(|r| self.refused(what, r))?;
         if !missing.is_empty() {
-            return Err(sql::lacking(&self.s.d.shown(), &missing, GRANT));
+            return Err(sql::lacking(&self.s.c.shown(), &missing, GRANT));
         }
         Ok(Init::Ready)
     }
@@ -537,23 +538,23 @@ impl Backend for MySqlStore {
     /// it is working now), asynchronous, or no binary log at all.
     async fn replication(&mut self, timeout: Duration) -> Result<Replication, StoreError> {
         self.s
-            .call(timeout, "cannot read the replication status of", |c| {
-                Box::pin(async move {
+            .call(
+                timeout,
+                "cannot read the replication status of",
+                async move |c, _| {
                     let vars = show(c, REPLICATION_VARS_SQL).await?;
                     let st = semi_sync(c).await?;
                     Ok(describe_replication(&vars, &st))
-                })
-            })
+                },
+            )
             .await
     }
 
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
         self.s
-            .call(timeout, "cannot read", |c| {
-                Box::pin(async move {
-                    let rows = sqlx::query(LIST_SQL).fetch_all(c).await?;
-                    rows.iter().map(lease_info).collect()
-                })
+            .call(timeout, "cannot read", async move |c, _| {
+                let rows = sqlx::query(LIST_SQL).fetch_all(c).await?;
+                rows.iter().map(lease_info).collect()
             })
             .await
     }
@@ -566,24 +567,22 @@ impl Backend for MySqlStore {
     ) -> Result<Option<LeaseInfo>, StoreError> {
         let name = name.to_string();
         self.s
-            .call(timeout, "cannot release in", move |c| {
-                Box::pin(async move {
-                    let mut tx = c.begin().await?;
-                    let row = sqlx::query(CLEARABLE_SQL)
-                        .bind(&name)
-                        .bind(epoch)
-                        .bind(epoch)
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                    let Some(row) = row else {
-                        tx.commit().await?;
-                        return Ok(None);
-                    };
-                    let before = lease_info(&row)?;
-                    sqlx::query(CLEAR_SQL).bind(&name).execute(&mut *tx).await?;
+            .call(timeout, "cannot release in", async move |c, _| {
+                let mut tx = c.begin().await?;
+                let row = sqlx::query(CLEARABLE_SQL)
+                    .bind(&name)
+                    .bind(epoch)
+                    .bind(epoch)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(row) = row else {
                     tx.commit().await?;
-                    Ok(Some(before))
-                })
+                    return Ok(None);
+                };
+                let before = lease_info(&row)?;
+                sqlx::query(CLEAR_SQL).bind(&name).execute(&mut *tx).await?;
+                tx.commit().await?;
+                Ok(Some(before))
             })
             .await
     }

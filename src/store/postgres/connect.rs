@@ -3,9 +3,11 @@
 
 use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Row};
+use tokio::time::Instant;
 
 use super::url::{Attrs, Host};
 use super::Pg;
+use crate::store::session::Connect;
 use crate::store::sql::{self, Dialect};
 use crate::store::StoreError;
 
@@ -86,18 +88,9 @@ impl Pg {
     }
 }
 
-impl Dialect for Pg {
+impl Connect for Pg {
     type Conn = PgConnection;
-
-    const TLS_FILES: &'static [&'static str] = &[
-        "sslrootcert",
-        "ssl-root-cert",
-        "ssl-ca",
-        "sslcert",
-        "ssl-cert",
-        "sslkey",
-        "ssl-key",
-    ];
+    type Error = sqlx::Error;
 
     fn shown(&self) -> String {
         self.shown.clone()
@@ -106,7 +99,7 @@ impl Dialect for Pg {
     /// Each host in order, as libpq does: the first that answers and
     /// matches `target_session_attrs` (with `prefer-standby`, a standby
     /// first, then any). One host keeps the driver's own error.
-    async fn connect(&mut self) -> Result<PgConnection, StoreError> {
+    async fn connect(&mut self, _deadline: Instant) -> Result<PgConnection, StoreError> {
         let context = format!("cannot connect to the store {}", self.shown);
         if self.hosts.len() == 1 && self.attrs == Attrs::Any && self.connect_timeout.is_none() {
             return PgConnection::connect_with(&self.hosts[0].opts)
@@ -137,6 +130,22 @@ impl Dialect for Pg {
             StoreError::Fatal(msg)
         })
     }
+
+    fn classify(&self, what: &str, e: sqlx::Error) -> StoreError {
+        sql::error(self, what, e)
+    }
+}
+
+impl Dialect for Pg {
+    const TLS_FILES: &'static [&'static str] = &[
+        "sslrootcert",
+        "ssl-root-cert",
+        "ssl-ca",
+        "sslcert",
+        "ssl-cert",
+        "sslkey",
+        "ssl-key",
+    ];
 
     /// 08 connection, 40 rollback, 53 resources, 55 lock not available,
     /// 57 operator intervention (shutdown, cancel), 58 system, and 25006

@@ -57,7 +57,8 @@ use self::replication::{sync_of, sync_of_at, NoticeSink, Notices, Ran, ReplState
 use self::statements::*;
 use self::url::{parse_url, Attrs, Host};
 use self::wake::HostsWakeups;
-use super::sql::{self, lease_info, millis, Session};
+use super::session::{Connect, Session};
+use super::sql::{self, lease_info, millis};
 use super::wake::Subscription;
 use super::{
     Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Schema, Store, StoreError,
@@ -177,44 +178,42 @@ impl PgStore {
         create: bool,
         build: impl Fn(Columns) -> Result<String, sqlx::Error>,
     ) -> Result<Ran, StoreError> {
-        let stmt = |cols| build(cols).map(|s| format!("{UNLISTEN_SQL}{}{s}", self.s.d.timeouts));
+        let stmt = |cols| build(cols).map(|s| format!("{UNLISTEN_SQL}{}{s}", self.s.c.timeouts));
         let (q, legacy) = match (stmt(self.cols), self.cols) {
             (Ok(q), Columns::WithTimeline) => (q, stmt(Columns::Legacy).ok()),
             (Ok(q), Columns::Legacy) => (q, None),
-            (Err(e), _) => return Err(self.s.error(what, &e)),
+            (Err(e), _) => return Err(self.s.c.classify(what, e)),
         };
-        let create = create.then(|| format!("{}{TABLE_SQL}", self.s.d.timeouts));
+        let create = create.then(|| format!("{}{TABLE_SQL}", self.s.c.timeouts));
         let _ = self.notices.take();
         let out = self
             .s
-            .call(timeout, what, move |c| {
-                Box::pin(async move {
-                    let first = match sqlx::Executor::fetch_all(&mut *c, sqlx::raw_sql(&q)).await {
-                        Err(e) if is_code(&e, UNDEFINED_COLUMN) && legacy.is_some() => {
-                            let legacy = legacy.as_deref().unwrap_or_default();
-                            return sqlx::Executor::fetch_all(&mut *c, sqlx::raw_sql(legacy))
-                                .await
-                                .map(|rows| Ok((rows, true)));
-                        }
-                        Err(e) if is_code(&e, UNDEFINED_TABLE) => e,
-                        done => return done.map(|rows| Ok((rows, false))),
-                    };
-                    drop(first);
-                    let Some(create) = create else {
-                        return Ok(Err(Missing::NotCreated));
-                    };
-                    // Two first users may race to create it: `IF NOT EXISTS`
-                    // is not atomic against another creator, so whatever the
-                    // create says, the statement is tried again, and only if
-                    // the table is still missing is the create's error shown.
-                    let created = sqlx::Executor::execute(&mut *c, sqlx::raw_sql(&create)).await;
-                    match sqlx::Executor::fetch_all(&mut *c, sqlx::raw_sql(&q)).await {
-                        Err(e) if is_code(&e, UNDEFINED_TABLE) => {
-                            Ok(Err(Missing::CreateFailed(created.err())))
-                        }
-                        done => done.map(|rows| Ok((rows, false))),
+            .call(timeout, what, async move |c, _| {
+                let first = match sqlx::Executor::fetch_all(&mut *c, sqlx::raw_sql(&q)).await {
+                    Err(e) if is_code(&e, UNDEFINED_COLUMN) && legacy.is_some() => {
+                        let legacy = legacy.as_deref().unwrap_or_default();
+                        return sqlx::Executor::fetch_all(&mut *c, sqlx::raw_sql(legacy))
+                            .await
+                            .map(|rows| Ok((rows, true)));
                     }
-                })
+                    Err(e) if is_code(&e, UNDEFINED_TABLE) => e,
+                    done => return done.map(|rows| Ok((rows, false))),
+                };
+                drop(first);
+                let Some(create) = create else {
+                    return Ok(Err(Missing::NotCreated));
+                };
+                // Two first users may race to create it: `IF NOT EXISTS`
+                // is not atomic against another creator, so whatever the
+                // create says, the statement is tried again, and only if
+                // the table is still missing is the create's error shown.
+                let created = sqlx::Executor::execute(&mut *c, sqlx::raw_sql(&create)).await;
+                match sqlx::Executor::fetch_all(&mut *c, sqlx::raw_sql(&q)).await {
+                    Err(e) if is_code(&e, UNDEFINED_TABLE) => {
+                        Ok(Err(Missing::CreateFailed(created.err())))
+                    }
+                    done => done.map(|rows| Ok((rows, false))),
+                }
             })
             .with_subscriber(self.dispatch.clone())
             .await;
@@ -234,19 +233,19 @@ impl PgStore {
         });
         let (rows, legacy_used) = out?.map_err(|missing| {
             let create_err = match missing {
-                Missing::NotCreated => return sql::no_table(&self.s.d.shown.clone()),
+                Missing::NotCreated => return sql::no_table(&self.s.c.shown.clone()),
                 Missing::CreateFailed(e) => e,
             };
             let Some(e) = create_err else {
                 return StoreError::Fatal(format!(
                     "table leader_lease is missing in the store {}",
-                    self.s.d.shown.clone()
+                    self.s.c.shown.clone()
                 ));
             };
             sql::cannot_create(sql::classify::<Pg>(
                 &format!(
                     "table leader_lease is missing in the store {}",
-                    self.s.d.shown.clone()
+                    self.s.c.shown.clone()
                 ),
                 &e,
             ))
@@ -339,7 +338,7 @@ impl PgStore {
                 self.sync_checked = None;
                 let msg = format!(
                     "the store {} does not replicate synchronously (require=sync): {why}",
-                    self.s.d.shown.clone()
+                    self.s.c.shown.clone()
                 );
                 Err(if heals {
                     StoreError::Unavailable(msg)
@@ -360,11 +359,11 @@ impl PgStore {
             .first()
             .map(ReplState::from_row)
             .transpose()
-            .map_err(|e| self.s.error("cannot read", &e))?
+            .map_err(|e| self.s.c.classify("cannot read", e))?
             .ok_or_else(|| {
                 StoreError::Unavailable(format!(
                     "the store {} said nothing about its replication",
-                    self.s.d.shown.clone()
+                    self.s.c.shown.clone()
                 ))
             })
     }
@@ -381,18 +380,18 @@ impl PgStore {
         let Some(row) = ran.rows.first() else {
             return Ok(false);
         };
-        let sync = sync_of_at(row, 1).map_err(|e| self.s.error(what, &e))?;
+        let sync = sync_of_at(row, 1).map_err(|e| self.s.c.classify(what, e))?;
         if let Some(why) = self.not_durable(&ran.warnings, sync, timeout).await {
             return Err(StoreError::Unavailable(format!(
                 "{what} the store {}: {why}",
-                self.s.d.shown.clone()
+                self.s.c.shown.clone()
             )));
         }
         if self.require_sync && !sync {
             return Err(StoreError::Unavailable(format!(
                 "{what} the store {}: the commit did not wait for a synchronous standby \
                  (require=sync)",
-                self.s.d.shown.clone()
+                self.s.c.shown.clone()
             )));
         }
         Ok(true)
@@ -434,7 +433,7 @@ impl Backend for PgStore {
         let (epoch, sync) = row
             .try_get::<i64, _>(1)
             .and_then(|e| Ok((e, sync_of_at(row, 2)?)))
-            .map_err(|e| self.s.error(WHAT, &e))?;
+            .map_err(|e| self.s.c.classify(WHAT, e))?;
         let why = match self.not_durable(&ran.warnings, sync, timeout).await {
             Some(why) => why,
             None if self.require_sync && !sync => {
@@ -454,7 +453,7 @@ impl Backend for PgStore {
         self.sync_checked = None;
         Err(StoreError::Unavailable(format!(
             "the store {} granted the lease at epoch {epoch}, but {why}; {}",
-            self.s.d.shown.clone(),
+            self.s.c.shown.clone(),
             if handed {
                 "handed it back"
             } else {
@@ -505,11 +504,11 @@ impl Backend for PgStore {
             .first()
             .map(lease_info)
             .transpose()
-            .map_err(|e| self.s.error("cannot read", &e))
+            .map_err(|e| self.s.c.classify("cannot read", e))
     }
 
     fn describe(&self) -> String {
-        self.s.d.shown.clone()
+        self.s.c.shown.clone()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -520,8 +519,10 @@ impl Backend for PgStore {
     }
 
     fn wakeups(&self, name: &str) -> Option<Subscription> {
-        let hosts: Vec<PgConnectOptions> = self.s.d.hosts.iter().map(|h| h.opts.clone()).collect();
-        Some(Subscription::Postgres(HostsWakeups::new(hosts, name)?))
+        let hosts: Vec<PgConnectOptions> = self.s.c.hosts.iter().map(|h| h.opts.clone()).collect();
+        Some(Subscription::Postgres(Box::new(HostsWakeups::new(
+            hosts, name,
+        )?)))
     }
 
     fn schema(&self) -> Option<Schema> {
@@ -562,7 +563,7 @@ impl Backend for PgStore {
             .collect();
         if !missing.is_empty() {
             return Err(sql::lacking(
-                &self.s.d.shown.clone(),
+                &self.s.c.shown.clone(),
                 &missing,
                 "GRANT SELECT, INSERT, UPDATE ON leader_lease TO <login>",
             ));
@@ -582,7 +583,7 @@ impl Backend for PgStore {
             .iter()
             .map(lease_info)
             .collect::<Result<_, _>>()
-            .map_err(|e| self.s.error("cannot read", &e))
+            .map_err(|e| self.s.c.classify("cannot read", e))
     }
 
     async fn clear(
@@ -600,7 +601,7 @@ impl Backend for PgStore {
             .first()
             .map(lease_info)
             .transpose()
-            .map_err(|e| self.s.error("cannot release in", &e))
+            .map_err(|e| self.s.c.classify("cannot release in", e))
     }
 }
 

@@ -55,6 +55,7 @@ use self::scripts::*;
 use self::server::{count, replication_of, risks, Server};
 use self::url::replicas_param;
 use self::wake::{redis_channel, RedisWakeups};
+use super::session::{Connect, Session};
 use super::sql::millis;
 use super::wake::Subscription;
 use super::{
@@ -70,9 +71,7 @@ struct Granted {
 }
 
 pub struct RedisStore {
-    client: Client,
-    conn: Option<MultiplexedConnection>,
-    redacted: Redacted,
+    s: Session<Reach>,
     /// `?replicas=N`: an acquisition or a renewal counts only once `N`
     /// replicas acknowledged it.
     replicas: u32,
@@ -80,6 +79,45 @@ pub struct RedisStore {
     /// This run has looked at the deployment (and warned, if need be):
     /// once per run, not per call.
     checked: bool,
+}
+
+/// How to reach the server.
+struct Reach {
+    client: Client,
+    redacted: Redacted,
+}
+
+impl Connect for Reach {
+    type Conn = MultiplexedConnection;
+    type Error = RedisError;
+
+    fn shown(&self) -> String {
+        self.redacted.to_string()
+    }
+
+    async fn connect(&mut self, deadline: Instant) -> Result<MultiplexedConnection, StoreError> {
+        // The driver's own timeouts too, so that its background task gives
+        // up on a dead socket as we do.
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let cfg = AsyncConnectionConfig::new()
+            .set_connection_timeout(timeout)
+            .set_response_timeout(timeout);
+        self.client
+            .get_multiplexed_async_connection_with_config(&cfg)
+            .await
+            .map_err(|e| self.classify("cannot connect to", e))
+    }
+
+    fn classify(&self, what: &str, e: RedisError) -> StoreError {
+        // The server's and the driver's words; neither contains the
+        // password (the server never echoes AUTH arguments).
+        let msg = format!("{what} the store {}: {e}", self.redacted);
+        if is_transient(&e) {
+            StoreError::Unavailable(msg)
+        } else {
+            StoreError::Fatal(msg)
+        }
+    }
 }
 
 /// The registry's constructor for `redis://` and `rediss://` (TLS):
@@ -99,76 +137,31 @@ impl RedisStore {
         bare.set_query(None);
         let client = Client::open(bare).map_err(|e| format!("is not valid: {e}"))?;
         Ok(RedisStore {
-            client,
-            conn: None,
-            redacted: Redacted::new(url),
+            s: Session::new(Reach {
+                client,
+                redacted: Redacted::new(url),
+            }),
             replicas,
             granted: None,
             checked: false,
         })
     }
 
-    fn classify(&self, what: &str, e: &RedisError) -> StoreError {
-        // The server's and the driver's words; neither contains the
-        // password (the server never echoes AUTH arguments).
-        let msg = format!("{what} the store {}: {e}", self.redacted);
-        if is_transient(e) {
-            StoreError::Unavailable(msg)
-        } else {
-            StoreError::Fatal(msg)
-        }
-    }
-
-    /// Run `f` on a connection within `timeout`; keep the connection only
-    /// when the call succeeded. `f` is told the call's deadline, which
-    /// counts from before connecting.
-    async fn call<T, F, Fut>(
+    /// A call on the session, with the driver's response timeout set to
+    /// this call's bound, not to that of the call that connected: a `WAIT`
+    /// may rightly take most of it.
+    async fn call<T>(
         &mut self,
         timeout: Duration,
         what: &str,
-        f: F,
-    ) -> Result<T, StoreError>
-    where
-        F: FnOnce(MultiplexedConnection, Instant) -> Fut,
-        Fut: std::future::Future<Output = Result<(T, MultiplexedConnection), RedisError>>,
-    {
-        let deadline = Instant::now() + timeout;
-        let work = async {
-            let conn = match self.conn.take() {
-                Some(mut c) => {
-                    // This call's bound, not the one of the call that
-                    // connected: a WAIT may rightly take most of it.
-                    c.set_response_timeout(timeout);
-                    c
-                }
-                None => {
-                    // The driver's own timeouts too, so that its background
-                    // task gives up on a dead socket as we do.
-                    let cfg = AsyncConnectionConfig::new()
-                        .set_connection_timeout(timeout)
-                        .set_response_timeout(timeout);
-                    self.client
-                        .get_multiplexed_async_connection_with_config(&cfg)
-                        .await
-                        .map_err(|e| self.classify("cannot connect to", &e))?
-                }
-            };
-            match f(conn, deadline).await {
-                Ok((v, conn)) => {
-                    self.conn = Some(conn);
-                    Ok(v)
-                }
-                Err(e) => Err(self.classify(what, &e)),
-            }
-        };
-        match tokio::time::timeout(timeout, work).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "the store {} did not answer within {}",
-                self.redacted,
-                humantime::format_duration(timeout)
-            ))),
-        }
+        f: impl AsyncFnOnce(&mut MultiplexedConnection, Instant) -> Result<T, RedisError>,
+    ) -> Result<T, StoreError> {
+        self.s
+            .call(timeout, what, async move |c, deadline| {
+                c.set_response_timeout(timeout);
+                f(c, deadline).await
+            })
+            .await
     }
 
     /// One script on the lease's two keys.
@@ -181,11 +174,8 @@ impl RedisStore {
         args: Vec<String>,
     ) -> Result<Value, StoreError> {
         let keys = [lease_key(name), epoch_key(name)];
-        self.call(timeout, what, move |mut c, _| async move {
-            let v = eval(&mut c, lua, &keys, &args).await?;
-            Ok((v, c))
-        })
-        .await
+        self.call(timeout, what, async |c, _| eval(c, lua, &keys, &args).await)
+            .await
     }
 
     /// Once per run, when a lease was first taken: a deployment that can
@@ -199,7 +189,7 @@ impl RedisStore {
             tracing::warn!(
                 event = "store",
                 "the store {} can lose acknowledged acquisitions: {} (docs/stores.md, Redis)",
-                self.redacted,
+                self.s.c.redacted,
                 risks.join("; ")
             );
         }
@@ -379,63 +369,56 @@ impl Backend for RedisStore {
         let keys = [lease_key(name), epoch_key(name)];
         let args = vec![holder.to_string(), millis(lease).max(1).to_string()];
         let taken = self
-            .call(
-                timeout,
-                "cannot acquire in",
-                move |mut c, deadline| async move {
-                    let start = Instant::now();
-                    let v = eval(&mut c, &ACQUIRE, &keys, &args).await?;
-                    let Some((epoch, server)) = parse_acquired(&v)? else {
-                        return Ok((Taken::Held, c));
-                    };
-                    let rtt = start.elapsed();
-                    // Room for the hand-back below, and for reading the
-                    // configuration once: a round trip each, with a wide
-                    // margin, since a hand-back that misses the deadline leaves
-                    // the lease taken for L with no command under it.
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    let keep = reserve(rtt, left, Duration::from_millis(50), 4, 4);
-                    if replicas > 0 {
-                        let confirmed = confirm(&mut c, replicas, &server, deadline, keep).await;
-                        if !matches!(confirmed, Ok(None)) {
-                            // Not acknowledged (or WAIT refused): give it
-                            // back at once, at this epoch only, so nobody
-                            // waits out a lease whose command never starts.
-                            // Waiters are not woken: the lease was never
-                            // usable, and they would most likely meet the
-                            // same stalled replication.
-                            let value = lease_value(epoch, &args[0]);
-                            let back = [value, "0".into(), String::new()];
-                            let handed = eval(&mut c, &RELEASE, &keys, &back).await;
-                            let why = confirmed?.unwrap_or_default();
-                            handed?;
-                            return Ok((Taken::Unconfirmed { epoch, why }, c));
-                        }
+            .call(timeout, "cannot acquire in", async move |c, deadline| {
+                let start = Instant::now();
+                let v = eval(c, &ACQUIRE, &keys, &args).await?;
+                let Some((epoch, server)) = parse_acquired(&v)? else {
+                    return Ok(Taken::Held);
+                };
+                let rtt = start.elapsed();
+                // Room for the hand-back below, and for reading the
+                // configuration once: a round trip each, with a wide
+                // margin, since a hand-back that misses the deadline leaves
+                // the lease taken for L with no command under it.
+                let left = deadline.saturating_duration_since(Instant::now());
+                let keep = reserve(rtt, left, Duration::from_millis(50), 4, 4);
+                if replicas > 0 {
+                    let confirmed = confirm(c, replicas, &server, deadline, keep).await;
+                    if !matches!(confirmed, Ok(None)) {
+                        // Not acknowledged (or WAIT refused): give it
+                        // back at once, at this epoch only, so nobody
+                        // waits out a lease whose command never starts.
+                        // Waiters are not woken: the lease was never
+                        // usable, and they would most likely meet the
+                        // same stalled replication.
+                        let value = lease_value(epoch, &args[0]);
+                        let back = [value, "0".into(), String::new()];
+                        let handed = eval(c, &RELEASE, &keys, &back).await;
+                        let why = confirmed?.unwrap_or_default();
+                        handed?;
+                        return Ok(Taken::Unconfirmed { epoch, why });
                     }
-                    // `CONFIG GET` cannot run inside a script: once per run, and
-                    // only with time to spare (a confirmed lease must not be
-                    // lost to a slow answer about settings).
-                    let fsync = if look && server.aof && wait_ms(deadline, keep * 2).is_some() {
-                        let left = deadline
-                            .saturating_duration_since(Instant::now())
-                            .saturating_sub(keep);
-                        tokio::time::timeout(left, config_get(&mut c, "appendfsync"))
-                            .await
-                            .ok()
-                            .flatten()
-                    } else {
-                        None
-                    };
-                    Ok((
-                        Taken::Yes {
-                            epoch,
-                            server,
-                            fsync,
-                        },
-                        c,
-                    ))
-                },
-            )
+                }
+                // `CONFIG GET` cannot run inside a script: once per run, and
+                // only with time to spare (a confirmed lease must not be
+                // lost to a slow answer about settings).
+                let fsync = if look && server.aof && wait_ms(deadline, keep * 2).is_some() {
+                    let left = deadline
+                        .saturating_duration_since(Instant::now())
+                        .saturating_sub(keep);
+                    tokio::time::timeout(left, config_get(c, "appendfsync"))
+                        .await
+                        .ok()
+                        .flatten()
+                } else {
+                    None
+                };
+                Ok(Taken::Yes {
+                    epoch,
+                    server,
+                    fsync,
+                })
+            })
             .await?;
         match taken {
             Taken::Held => Ok(None),
@@ -454,7 +437,7 @@ impl Backend for RedisStore {
             Taken::Unconfirmed { epoch, why } => Err(StoreError::Unavailable(format!(
                 "cannot acquire in the store {}: the acquisition (epoch {epoch}) {why}, so \
                      it was handed back",
-                self.redacted
+                self.s.c.redacted
             ))),
         }
     }
@@ -485,36 +468,32 @@ impl Backend for RedisStore {
             replid.clone(),
         ];
         let renewed = self
-            .call(
-                timeout,
-                "cannot renew in",
-                move |mut c, deadline| async move {
-                    let start = Instant::now();
-                    let v = eval(&mut c, &RENEW, &keys, &args).await?;
-                    let r = match &v {
-                        Value::Array(p) if p.len() == 2 => Renewed::Moved(
-                            as_text(&p[0]).unwrap_or_default(),
-                            as_text(&p[1]).unwrap_or_default(),
-                        ),
-                        v if as_int(v) == Some(1) => Renewed::Yes,
-                        _ => Renewed::NotOurs,
-                    };
-                    if !matches!(r, Renewed::Yes) || replicas == 0 {
-                        return Ok((r, c));
-                    }
-                    let rtt = start.elapsed();
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    // Only the reply follows; one that comes late fails the
-                    // renewal all the same.
-                    let keep = reserve(rtt, left, Duration::from_millis(10), 5, 2);
-                    Ok(
-                        match confirm(&mut c, replicas, &primary, deadline, keep).await? {
-                            Some(why) => (Renewed::Unconfirmed(why), c),
-                            None => (Renewed::Yes, c),
-                        },
-                    )
-                },
-            )
+            .call(timeout, "cannot renew in", async move |c, deadline| {
+                let start = Instant::now();
+                let v = eval(c, &RENEW, &keys, &args).await?;
+                let r = match &v {
+                    Value::Array(p) if p.len() == 2 => Renewed::Moved(
+                        as_text(&p[0]).unwrap_or_default(),
+                        as_text(&p[1]).unwrap_or_default(),
+                    ),
+                    v if as_int(v) == Some(1) => Renewed::Yes,
+                    _ => Renewed::NotOurs,
+                };
+                if !matches!(r, Renewed::Yes) || replicas == 0 {
+                    return Ok(r);
+                }
+                let rtt = start.elapsed();
+                let left = deadline.saturating_duration_since(Instant::now());
+                // Only the reply follows; one that comes late fails the
+                // renewal all the same.
+                let keep = reserve(rtt, left, Duration::from_millis(10), 5, 2);
+                Ok(
+                    match confirm(c, replicas, &primary, deadline, keep).await? {
+                        Some(why) => Renewed::Unconfirmed(why),
+                        None => Renewed::Yes,
+                    },
+                )
+            })
             .await?;
         match renewed {
             Renewed::Yes => Ok(true),
@@ -545,7 +524,7 @@ impl Backend for RedisStore {
                     epoch,
                     "the store {} is no longer the Redis primary that granted lease {name} ({}): \
                      it may lack the acquisition or the last renewals, so the lease is lost",
-                    self.redacted,
+                    self.s.c.redacted,
                     what.join(", ")
                 );
                 self.granted = None;
@@ -553,7 +532,7 @@ impl Backend for RedisStore {
             }
             Renewed::Unconfirmed(why) => Err(StoreError::Unavailable(format!(
                 "cannot renew in the store {}: the renewal {why}, so it does not count",
-                self.redacted
+                self.s.c.redacted
             ))),
         }
     }
@@ -599,7 +578,7 @@ impl Backend for RedisStore {
     }
 
     fn describe(&self) -> String {
-        self.redacted.to_string()
+        self.s.c.redacted.to_string()
     }
 
     /// `PX` takes milliseconds and the server counts them on its own clock.
@@ -612,7 +591,7 @@ impl Backend for RedisStore {
 
     fn wakeups(&self, name: &str) -> Option<Subscription> {
         Some(Subscription::Redis(RedisWakeups::new(
-            self.client.clone(),
+            self.s.c.client.clone(),
             name,
         )))
     }
@@ -622,19 +601,16 @@ impl Backend for RedisStore {
     /// appendfsync`; see [`replication_of`].
     async fn replication(&mut self, timeout: Duration) -> Result<Replication, StoreError> {
         let (server, fsync) = self
-            .call(timeout, "cannot read", |mut c, _| async move {
+            .call(timeout, "cannot read", async move |c, _| {
                 let mut texts = Vec::with_capacity(3);
                 for section in ["server", "replication", "persistence"] {
-                    let t: String = ::redis::cmd("INFO")
-                        .arg(section)
-                        .query_async(&mut c)
-                        .await?;
+                    let t: String = ::redis::cmd("INFO").arg(section).query_async(c).await?;
                     texts.push(t);
                 }
                 let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
                 let server = Server::parse(&texts);
-                let fsync = config_get(&mut c, "appendfsync").await;
-                Ok(((server, fsync), c))
+                let fsync = config_get(c, "appendfsync").await;
+                Ok((server, fsync))
             })
             .await?;
         Ok(replication_of(&server, fsync.as_deref(), self.replicas))
@@ -643,9 +619,9 @@ impl Backend for RedisStore {
     /// Nothing to create: keys appear on first use. Connecting (and
     /// authenticating) is still checked, so `init` fails on a wrong password.
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
-        self.call(timeout, "cannot use", |mut c, _| async move {
-            let _: String = ::redis::cmd("PING").query_async(&mut c).await?;
-            Ok(((), c))
+        self.call(timeout, "cannot use", async move |c, _| {
+            let _: String = ::redis::cmd("PING").query_async(c).await?;
+            Ok(())
         })
         .await?;
         Ok(Init::NothingToDo)
@@ -657,7 +633,7 @@ impl Backend for RedisStore {
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
         let pattern = format!("{PREFIX}*{EPOCH_SUFFIX}");
         let keys: Vec<String> = self
-            .call(timeout, "cannot read", |mut c, _| async move {
+            .call(timeout, "cannot read", async move |c, _| {
                 let mut cursor = 0u64;
                 let mut keys = Vec::new();
                 loop {
@@ -667,7 +643,7 @@ impl Backend for RedisStore {
                         .arg(&pattern)
                         .arg("COUNT")
                         .arg(1000)
-                        .query_async(&mut c)
+                        .query_async(c)
                         .await?;
                     keys.extend(batch);
                     if next == 0 {
@@ -675,7 +651,7 @@ impl Backend for RedisStore {
                     }
                     cursor = next;
                 }
-                Ok((keys, c))
+                Ok(keys)
             })
             .await?;
         // SCAN may return a key twice; a name is the text between the fixed

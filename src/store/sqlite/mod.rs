@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
+use tokio::time::Instant;
 
 mod path;
 pub(crate) mod wake;
@@ -41,7 +42,8 @@ pub use self::path::default_path;
 use self::path::{create_private_dir, why_unopenable};
 
 use self::wake::{touch, FileWakeups};
-use super::sql::{self, lease_info, millis, Dialect, Session};
+use super::session::{Connect, Session};
+use super::sql::{self, lease_info, millis, Dialect};
 use super::wake::Subscription;
 use super::{
     Backend, Capabilities, Init, LeaseInfo, LeaseKey, ResolveError, Schema, Store, StoreError,
@@ -148,7 +150,7 @@ pub fn open(t: &Target<'_>) -> Result<Store, String> {
         }
     }
     let mut store = SqliteStore::new(path, t.call_timeout);
-    store.s.d.create = create;
+    store.s.c.create = create;
     Ok(Store::Sqlite(store))
 }
 
@@ -192,58 +194,54 @@ impl SqliteStore {
         &mut self,
         sql: &'static str,
         what: &str,
-        (name, holder, epoch, d): (&str, &str, i64, Duration),
+        (key, epoch, d): (&LeaseKey, i64, Duration),
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(d));
-        self.write(timeout, what, move |c, now, boot| {
-            Box::pin(async move {
-                let done = sqlx::query(sql)
-                    .bind(name)
-                    .bind(holder)
-                    .bind(epoch)
-                    .bind(now)
-                    .bind(ms)
-                    .bind(boot)
-                    .execute(c)
-                    .await?;
-                Ok(done.rows_affected() == 1)
-            })
+        let ms = millis(d);
+        self.write(timeout, what, async |c, now, boot| {
+            let done = sqlx::query(sql)
+                .bind(&key.name)
+                .bind(&key.holder)
+                .bind(epoch)
+                .bind(now)
+                .bind(ms)
+                .bind(boot)
+                .execute(c)
+                .await?;
+            Ok(done.rows_affected() == 1)
         })
         .await
     }
 
     /// Run one statement in a `BEGIN IMMEDIATE` transaction. `now` (boot
     /// clock, ms) is read once the write lock is held.
-    async fn write<T, F>(&mut self, timeout: Duration, what: &str, f: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut SqliteConnection, i64, String) -> sql::BoxFut<'c, T>
-            + Send
-            + 'static,
-    {
+    async fn write<T>(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        f: impl AsyncFnOnce(&mut SqliteConnection, i64, String) -> Result<T, sqlx::Error>,
+    ) -> Result<T, StoreError> {
         let boot = boot_id()?;
         self.s
-            .call(timeout, what, move |conn| {
-                Box::pin(async move {
-                    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-                    let v = f(&mut tx, now_ms(), boot).await?;
-                    tx.commit().await?;
-                    Ok(v)
-                })
+            .call(timeout, what, async move |conn, _| {
+                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                let v = f(&mut *tx, now_ms(), boot).await?;
+                tx.commit().await?;
+                Ok(v)
             })
             .await
     }
 }
 
-impl Dialect for Lite {
+impl Connect for Lite {
     type Conn = SqliteConnection;
+    type Error = sqlx::Error;
 
     fn shown(&self) -> String {
         format!("sqlite://{}", self.path.display())
     }
 
-    async fn connect(&mut self) -> Result<SqliteConnection, StoreError> {
+    async fn connect(&mut self, _deadline: Instant) -> Result<SqliteConnection, StoreError> {
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             if self.create {
                 create_private_dir(dir).map_err(|e| {
@@ -283,6 +281,12 @@ impl Dialect for Lite {
         Ok(conn)
     }
 
+    fn classify(&self, what: &str, e: sqlx::Error) -> StoreError {
+        sql::error(self, what, e)
+    }
+}
+
+impl Dialect for Lite {
     /// SQLITE_BUSY (5) and SQLITE_LOCKED (6), with extended codes: another
     /// process holds the write lock. Nothing else heals by itself.
     fn may_heal(e: &sqlx::Error) -> bool {
@@ -328,20 +332,17 @@ impl Backend for SqliteStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
-        let (name, holder) = (key.name.as_str(), key.holder.as_str());
-        let (name, holder, ms) = (name.to_string(), holder.to_string(), millis(lease));
-        self.write(timeout, "cannot acquire in", move |c, now, boot| {
-            Box::pin(async move {
-                let row = sqlx::query(ACQUIRE_SQL)
-                    .bind(name)
-                    .bind(holder)
-                    .bind(now)
-                    .bind(ms)
-                    .bind(boot)
-                    .fetch_optional(c)
-                    .await?;
-                row.map(|r| r.try_get::<i64, _>(0)).transpose()
-            })
+        let ms = millis(lease);
+        self.write(timeout, "cannot acquire in", async |c, now, boot| {
+            let row = sqlx::query(ACQUIRE_SQL)
+                .bind(&key.name)
+                .bind(&key.holder)
+                .bind(now)
+                .bind(ms)
+                .bind(boot)
+                .fetch_optional(c)
+                .await?;
+            row.map(|r| r.try_get::<i64, _>(0)).transpose()
         })
         .await
     }
@@ -353,14 +354,8 @@ impl Backend for SqliteStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder) = (key.name.as_str(), key.holder.as_str());
-        self.update(
-            RENEW_SQL,
-            "cannot renew in",
-            (name, holder, epoch, lease),
-            timeout,
-        )
-        .await
+        self.update(RENEW_SQL, "cannot renew in", (key, epoch, lease), timeout)
+            .await
     }
 
     async fn release(
@@ -370,18 +365,17 @@ impl Backend for SqliteStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let freed = self
             .update(
                 RELEASE_SQL,
                 "cannot release in",
-                (name, holder, epoch, keep),
+                (key, epoch, keep),
                 timeout,
             )
             .await?;
         // After the commit: a waiter woken now finds the lease free.
         if freed && keep.is_zero() {
-            touch(&self.s.d.path, name);
+            touch(&self.s.c.path, &key.name);
         }
         Ok(freed)
     }
@@ -391,23 +385,20 @@ impl Backend for SqliteStore {
         name: &str,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        let name = name.to_string();
-        self.write(timeout, "cannot read", move |c, now, boot| {
-            Box::pin(async move {
-                let row = sqlx::query(INSPECT_SQL)
-                    .bind(now)
-                    .bind(boot)
-                    .bind(name)
-                    .fetch_optional(c)
-                    .await?;
-                row.map(|r| lease_info(&r)).transpose()
-            })
+        self.write(timeout, "cannot read", async |c, now, boot| {
+            let row = sqlx::query(INSPECT_SQL)
+                .bind(now)
+                .bind(boot)
+                .bind(name)
+                .fetch_optional(c)
+                .await?;
+            row.map(|r| lease_info(&r)).transpose()
         })
         .await
     }
 
     fn describe(&self) -> String {
-        self.s.d.shown()
+        self.s.c.shown()
     }
 
     async fn replication(&mut self, _timeout: Duration) -> Result<super::Replication, StoreError> {
@@ -426,7 +417,7 @@ impl Backend for SqliteStore {
 
     fn wakeups(&self, name: &str) -> Option<Subscription> {
         Some(Subscription::Sqlite(FileWakeups::new(
-            self.s.d.path.clone(),
+            self.s.c.path.clone(),
             name,
         )))
     }
@@ -436,22 +427,18 @@ impl Backend for SqliteStore {
     }
 
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
-        self.write(timeout, "cannot use", |_, _, _| {
-            Box::pin(async { Ok(Init::Ready) })
-        })
-        .await
+        self.write(timeout, "cannot use", async |_, _, _| Ok(Init::Ready))
+            .await
     }
 
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.write(timeout, "cannot read", |c, now, boot| {
-            Box::pin(async move {
-                let rows = sqlx::query(LIST_SQL)
-                    .bind(now)
-                    .bind(boot)
-                    .fetch_all(c)
-                    .await?;
-                rows.iter().map(lease_info).collect()
-            })
+        self.write(timeout, "cannot read", async |c, now, boot| {
+            let rows = sqlx::query(LIST_SQL)
+                .bind(now)
+                .bind(boot)
+                .fetch_all(c)
+                .await?;
+            rows.iter().map(lease_info).collect()
         })
         .await
     }
@@ -462,33 +449,29 @@ impl Backend for SqliteStore {
         epoch: Option<i64>,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        let owned = name.to_string();
         let cleared = self
-            .write(timeout, "cannot release in", move |c, now, boot| {
-                let name = owned;
-                Box::pin(async move {
-                    let row = sqlx::query(CLEARABLE_SQL)
-                        .bind(now)
-                        .bind(boot)
-                        .bind(&name)
-                        .bind(epoch)
-                        .fetch_optional(&mut *c)
-                        .await?;
-                    let Some(row) = row else { return Ok(None) };
-                    let before = lease_info(&row)?;
-                    sqlx::query(
-                        "UPDATE leader_lease SET holder = NULL, expires_at = ?2 WHERE name = ?1",
-                    )
-                    .bind(&name)
+            .write(timeout, "cannot release in", async |c, now, boot| {
+                let row = sqlx::query(CLEARABLE_SQL)
                     .bind(now)
-                    .execute(&mut *c)
+                    .bind(boot)
+                    .bind(name)
+                    .bind(epoch)
+                    .fetch_optional(&mut *c)
                     .await?;
-                    Ok(Some(before))
-                })
+                let Some(row) = row else { return Ok(None) };
+                let before = lease_info(&row)?;
+                sqlx::query(
+                    "UPDATE leader_lease SET holder = NULL, expires_at = ?2 WHERE name = ?1",
+                )
+                .bind(name)
+                .bind(now)
+                .execute(&mut *c)
+                .await?;
+                Ok(Some(before))
             })
             .await?;
         if cleared.is_some() {
-            touch(&self.s.d.path, name);
+            touch(&self.s.c.path, name);
         }
         Ok(cleared)
     }
