@@ -160,7 +160,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
         let until = self.clock.now() + budget;
         let res = tokio::select! {
             biased;
-            _ = self.clock.sleep_until(until) => Err(StoreError::Unavailable(format!(
+            _ = self.clock.sleep_until(until) => Err(StoreError::unavailable(format!(
                 "no subscription within {}", humantime::format_duration(round_ms(budget))))),
             r = w.arm() => r,
         };
@@ -218,7 +218,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
         let budget = deadline.saturating_sub(sent);
         let res = tokio::select! {
             biased;
-            _ = self.clock.sleep_until(deadline) => Err(StoreError::Unavailable(format!(
+            _ = self.clock.sleep_until(deadline) => Err(StoreError::unavailable(format!(
                 "no answer from the store within {}", humantime::format_duration(round_ms(budget))))),
             r = self.lock.acquire(self.timing.lease, budget) => r,
         };
@@ -228,7 +228,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
             let late = now - sent;
             self.hand_back_until(epoch, Duration::ZERO, sent + self.timing.lease)
                 .await;
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::unavailable(format!(
                 "the store confirmed the lease only after {}, too late to use it",
                 humantime::format_duration(round_ms(late))
             )));
@@ -329,7 +329,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
                         failing = false;
                     }
                 }
-                Err(e @ StoreError::Fatal(_)) => return Waited::Failed(e),
+                Err(e) if !e.may_heal() => return Waited::Failed(e),
                 Err(e) if !wait => return Waited::Failed(e),
                 Err(e) => {
                     // One warning per outage, not one per retry.
@@ -423,7 +423,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
             let res = tokio::select! {
                 biased;
                 _ = self.clock.sleep_until(deadline) => return lost(self.late_or_gave_up(deadline)),
-                _ = self.clock.sleep_until(sent + budget) => Err(StoreError::Unavailable(format!(
+                _ = self.clock.sleep_until(sent + budget) => Err(StoreError::unavailable(format!(
                     "no answer within {}", humantime::format_duration(round_ms(budget))))),
                 r = self.lock.renew(lease.epoch, t.lease, budget) => r,
             };
@@ -575,7 +575,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
             let budget = (until - sent).min(t.call_cap());
             let res = tokio::select! {
                 biased;
-                _ = self.clock.sleep_until(sent + budget) => Err(StoreError::Unavailable(format!(
+                _ = self.clock.sleep_until(sent + budget) => Err(StoreError::unavailable(format!(
                     "no answer within {}", humantime::format_duration(round_ms(budget))))),
                 r = self.lock.release(epoch, keep, budget) => r,
             };

@@ -442,6 +442,10 @@ fn dead_server_and_wrong_password_are_told_apart(srv: Server) {
                 .await
                 .expect_err("refused");
             assert!(!err.may_heal(), "{err:?}");
+            assert!(
+                std::error::Error::source(&err).is_some(),
+                "the driver's error behind it: {err:?}"
+            );
             let msg = err.to_string();
             assert!(!msg.contains("Wr0ng-pw"), "password echoed: {msg}");
         }

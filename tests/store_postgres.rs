@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::{Pg, Proxy};
-use leaderrun::store::{open, LeaseLock, Lock, Origin};
+use leaderrun::store::{open, ErrorKind, LeaseLock, Lock, Origin};
 
 const L: Duration = Duration::from_secs(5);
 const T: Duration = Duration::from_secs(5);
@@ -53,9 +53,12 @@ fn missing_table_that_cannot_be_created_is_a_clear_fatal_error() {
             "postgres://app:apppw@127.0.0.1:{}/postgres?sslmode=disable",
             pg.port
         );
+        // Looking never creates it, and says it is missing.
+        let err = lock(&url, "n", "a").inspect(T).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NoTable, "{err:?}");
         let err = lock(&url, "n", "a").acquire(L, T).await.unwrap_err();
         let msg = err.to_string();
-        assert!(!err.may_heal(), "{err:?}");
+        assert_eq!(err.kind(), ErrorKind::WillNotHeal, "{err:?}");
         assert!(msg.contains("table leader_lease is missing"), "{msg}");
         assert!(msg.contains("permission denied"), "{msg}");
         assert!(!msg.contains("apppw"), "{msg}");

@@ -76,7 +76,10 @@ impl RunConfig {
         })?;
         // The timing must hold for the lease the store really grants (a
         // store with whole-second leases rounds up), not the one asked for.
-        let granted = store.capabilities().grant(timing.lease)?;
+        let granted = store
+            .capabilities()
+            .grant(timing.lease)
+            .map_err(|e| e.to_string())?;
         let timing = if granted == timing.lease {
             timing
         } else {

@@ -59,7 +59,7 @@ impl Capabilities {
     /// the granularity; refused when below the minimum or above the maximum
     /// (silently lengthening a short lease would slow failover without the
     /// user knowing; shortening a long one would break the timing).
-    pub fn grant(&self, requested: Duration) -> Result<Duration, String> {
+    pub fn grant(&self, requested: Duration) -> Result<Duration, GrantError> {
         let g = self.granularity.as_nanos().max(1);
         let granted = requested
             .as_nanos()
@@ -67,21 +67,42 @@ impl Capabilities {
             .checked_mul(g)
             .and_then(|n| u64::try_from(n).ok())
             .map(Duration::from_nanos);
-        let show = |d: Duration| humantime::format_duration(d).to_string();
         match granted {
-            Some(d) if d < self.min_lease => Err(format!(
-                "--lease ({}) is shorter than the shortest lease this store grants ({})",
-                show(requested),
-                show(self.min_lease)
-            )),
+            Some(d) if d < self.min_lease => Err(GrantError::TooShort {
+                requested,
+                least: self.min_lease,
+            }),
             Some(d) if d <= self.max_lease => Ok(d),
-            _ => Err(format!(
-                "--lease ({}) is longer than the longest lease this store grants ({})",
-                show(requested),
-                show(self.max_lease)
-            )),
+            _ => Err(GrantError::TooLong {
+                requested,
+                most: self.max_lease,
+            }),
         }
     }
+}
+
+/// A lease the store would not keep as asked (see [`Capabilities::grant`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum GrantError {
+    #[error(
+        "--lease ({}) is shorter than the shortest lease this store grants ({})",
+        show(*requested),
+        show(*least)
+    )]
+    TooShort {
+        requested: Duration,
+        least: Duration,
+    },
+    #[error(
+        "--lease ({}) is longer than the longest lease this store grants ({})",
+        show(*requested),
+        show(*most)
+    )]
+    TooLong { requested: Duration, most: Duration },
+}
+
+fn show(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(d)
 }
 
 /// The table a SQL store keeps its leases in, for `init --print`.

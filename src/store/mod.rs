@@ -21,13 +21,14 @@
 //! 4. **Renew and release are refused for anything but the current grant.**
 //!    Both name holder *and* epoch; after a takeover, an expiry or a release
 //!    they match nothing and change nothing.
-//! 5. **Errors are classified.** [`StoreError::Unavailable`]: may heal by
-//!    itself (network, restarting or read-only server, lock timeout): a
-//!    waiting contender retries. [`StoreError::Fatal`]: will not heal (wrong
-//!    password, missing permission, unusable configuration): retrying is
-//!    pointless. *Superseded* is not an error: `renew`/`release` return
-//!    `Ok(false)` and `acquire` returns `Ok(None)`, and the elector acts on
-//!    that at once.
+//! 5. **Errors are classified** ([`StoreError::kind`]).
+//!    [`ErrorKind::MayHeal`]: may heal by itself (network, restarting or
+//!    read-only server, lock timeout): a waiting contender retries.
+//!    [`ErrorKind::WillNotHeal`]: will not heal (wrong password, missing
+//!    permission, unusable configuration), nor does [`ErrorKind::NoTable`]:
+//!    retrying is pointless. *Superseded* is not an error: `renew`/`release`
+//!    return `Ok(false)` and `acquire` returns `Ok(None)`, and the elector
+//!    acts on that at once.
 //!
 //! A store also says what it can promise ([`Capabilities`]): the lease it
 //! really grants for a requested `L` (granularity, minimum, maximum), and
@@ -66,10 +67,10 @@ pub mod wake;
 
 use std::time::Duration;
 
-pub use error::StoreError;
-pub use lease::{Capabilities, Init, LeaseInfo, Replication, Schema, MAX_STORED};
+pub use error::{ErrorKind, StoreError, UrlError};
+pub use lease::{Capabilities, GrantError, Init, LeaseInfo, Replication, Schema, MAX_STORED};
+use target::parse;
 pub use target::{choose, Origin, ResolveError, Target};
-use target::{known_schemes, parse};
 pub use wake::{Subscription, Wakeups};
 
 /// One line per store: the URL schemes it answers to and how to open it.
@@ -84,7 +85,7 @@ pub const REGISTRY: &[(&[&str], Open)] = &[
 
 /// A store constructor: the parsed URL in, a store (not yet connected) out,
 /// or a one-line usage error that never contains the password.
-pub type Open = fn(&Target<'_>) -> Result<Store, String>;
+pub type Open = fn(&Target<'_>) -> Result<Store, UrlError>;
 
 /// Any store the registry can open, not yet connected.
 pub enum Store {
@@ -375,19 +376,16 @@ pub fn open(
         .iter()
         .find(|(schemes, _)| schemes.contains(&url.scheme()))
         .map(|(_, open)| *open)
-        .ok_or_else(|| {
-            ResolveError::Usage(format!(
-                "the store URL from {origin} has an unknown scheme {}:// (expected {})",
-                url.scheme(),
-                known_schemes()
-            ))
+        .ok_or_else(|| ResolveError::UnknownScheme {
+            origin,
+            scheme: url.scheme().to_string(),
         })?;
     let target = Target {
         url: &url,
         app_name: &app_name,
         call_timeout,
     };
-    open(&target).map_err(|e| ResolveError::Usage(format!("the store URL from {origin} {e}")))
+    open(&target).map_err(|error| ResolveError::Url { origin, error })
 }
 
 /// [`choose`] then [`open`]: what the run form and the subcommands call.

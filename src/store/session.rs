@@ -75,7 +75,7 @@ impl<C: Connect> Session<C> {
         };
         match tokio::time::timeout_at(deadline, work).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::Unavailable(format!(
+            Err(_) => Err(StoreError::unavailable(format!(
                 "the store {} did not answer within {}",
                 self.c.shown(),
                 humantime::format_duration(timeout)

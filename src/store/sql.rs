@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::session::Connect;
-use super::{LeaseInfo, StoreError, MAX_STORED};
+use super::{ErrorKind, LeaseInfo, StoreError, MAX_STORED};
 
 /// What differs between the SQL stores' errors, beyond the network.
 pub(crate) trait Dialect: Connect<Error = sqlx::Error> {
@@ -27,17 +27,18 @@ pub(crate) fn error<D: Dialect>(d: &D, what: &str, e: sqlx::Error) -> StoreError
     if D::no_table(&e) {
         return no_table(&d.shown());
     }
-    classify::<D>(&format!("{what} the store {}", d.shown()), &e)
+    classify::<D>(&format!("{what} the store {}", d.shown()), e)
 }
 
 /// `context: <the server's words>`, may-heal or will-not-heal.
-pub(crate) fn classify<D: Dialect>(context: &str, e: &sqlx::Error) -> StoreError {
-    let msg = format!("{context}: {}", message(e));
-    if may_heal(e) || D::may_heal(e) {
-        StoreError::Unavailable(msg)
-    } else {
-        StoreError::Fatal(msg)
-    }
+pub(crate) fn classify<D: Dialect>(context: &str, e: sqlx::Error) -> StoreError {
+    let msg = format!("{context}: {}", message(&e));
+    StoreError::healing(heals::<D>(&e), msg).with_source(e)
+}
+
+/// Whether `e` may heal on a store of dialect `D`.
+pub(crate) fn heals<D: Dialect>(e: &sqlx::Error) -> bool {
+    may_heal(e) || D::may_heal(e)
 }
 
 /// The server's own words for a database error, the driver's otherwise.
@@ -120,17 +121,18 @@ fn tls_refusal(io: &std::io::Error) -> bool {
 /// unreadable, that is the cause, it will not heal by itself, and the
 /// error says which file and which parameter. The files are looked at only
 /// after a failure, so a healthy connect costs nothing.
-pub(crate) fn connect_failed<D: Dialect>(d: &D, e: &sqlx::Error) -> StoreError {
+pub(crate) fn connect_failed<D: Dialect>(d: &D, e: sqlx::Error) -> StoreError {
     let context = format!("cannot connect to the store {}", d.shown());
-    if let sqlx::Error::Io(io) = e {
+    if let sqlx::Error::Io(io) = &e {
         if let Some(why) = unreadable_tls_file(&d.shown(), D::TLS_FILES) {
-            return StoreError::Fatal(format!("{context}: {why}"));
+            return StoreError::fatal(format!("{context}: {why}")).with_source(e);
         }
         if tls_refusal(io) {
-            return StoreError::Fatal(format!(
+            let said = format!(
                 "{context}: {} (the TLS handshake refused it: not retried)",
-                message(e)
-            ));
+                message(&e)
+            );
+            return StoreError::fatal(said).with_source(e);
         }
     }
     classify::<D>(&context, e)
@@ -183,15 +185,14 @@ where
 
 /// The hint that goes with a lease table that could not be created.
 pub(crate) fn cannot_create(err: StoreError) -> StoreError {
-    match err {
+    if err.may_heal() {
         // A read-only server (a standby, a primary demoted during a
         // failover) may accept writes again soon: say so, and keep trying.
-        StoreError::Unavailable(m) => {
-            StoreError::Unavailable(format!("{m} (the table cannot be created now; retrying)"))
-        }
-        StoreError::Fatal(m) => StoreError::Fatal(format!(
-            "{m} (create it with the SQL from `leaderrun init --print`, or grant CREATE)"
-        )),
+        err.reworded(|m| format!("{m} (the table cannot be created now; retrying)"))
+    } else {
+        err.reworded(|m| {
+            format!("{m} (create it with the SQL from `leaderrun init --print`, or grant CREATE)")
+        })
     }
 }
 
@@ -200,16 +201,19 @@ pub(crate) fn cannot_create(err: StoreError) -> StoreError {
 /// the wrong database, a read-only command must not write there and then
 /// answer "nothing held".
 pub(crate) fn no_table(shown: &str) -> StoreError {
-    StoreError::Fatal(format!(
-        "there is no lease table leader_lease in the store {shown} (the wrong database?); \
+    StoreError::new(
+        ErrorKind::NoTable,
+        format!(
+            "there is no lease table leader_lease in the store {shown} (the wrong database?); \
          status, check and release never create it: `leaderrun init` does, and so does a \
          first run"
-    ))
+        ),
+    )
 }
 
 /// What `init` says when the login lacks some of what a run needs.
 pub(crate) fn lacking(shown: &str, missing: &[String], grant: &str) -> StoreError {
-    StoreError::Fatal(format!(
+    StoreError::fatal(format!(
         "the login may not do what a run needs in the store {shown}: it lacks {}; \
          grant it ({grant})",
         missing.join(", ")

@@ -2,6 +2,7 @@
 //! refused (one line, never echoed). Each store's own parameters are read
 //! in its folder (`url.rs`); the rules every store string follows are here.
 
+use crate::store::UrlError;
 use std::time::Duration;
 
 use super::REGISTRY;
@@ -41,20 +42,47 @@ impl std::fmt::Display for Origin {
 }
 
 /// Why no store could be opened. Usage errors exit 2; a failure of the
-/// environment (no `HOME` for the embedded store) exits 125.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// environment (no `HOME` for the embedded store) exits 125. None of them
+/// contains the store string.
+#[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
-    #[error("{0}")]
-    Usage(String),
-    #[error("{0}")]
-    Failure(String),
+    #[error("the store string from {0} contains a control character (a newline or tab?)")]
+    ControlCharacter(Origin),
+    #[error(
+        "the store string from {0} is not a URL leaderrun understands (expected {known})",
+        known = known_schemes()
+    )]
+    NotAUrl(Origin),
+    #[error(
+        "the store URL from {origin} has an unknown scheme {scheme}:// (expected {known})",
+        known = known_schemes()
+    )]
+    UnknownScheme { origin: Origin, scheme: String },
+    /// A URL its store cannot use (each store's own rules).
+    #[error("the store URL from {origin} {error}")]
+    Url {
+        origin: Origin,
+        #[source]
+        error: UrlError,
+    },
+    #[error(
+        "LEADERRUN_STATE_DIR must be an absolute path (a relative one would name a different \
+         file in every working directory)"
+    )]
+    RelativeStateDir,
+    /// No place for the embedded store: a failure of the environment.
+    #[error(
+        "no store configured, and no place for the embedded one: HOME is not set to an \
+         absolute path (set LEADERRUN_STATE_DIR or --store)"
+    )]
+    NoHome,
 }
 
 impl ResolveError {
     pub fn exit_code(&self) -> i32 {
         match self {
-            ResolveError::Usage(_) => crate::exit::USAGE,
-            ResolveError::Failure(_) => crate::exit::FAILURE,
+            ResolveError::NoHome => crate::exit::FAILURE,
+            _ => crate::exit::USAGE,
         }
     }
 }
@@ -90,21 +118,16 @@ pub(crate) fn parse(raw: &str, origin: Origin) -> Result<url::Url, ResolveError>
     // on to the watchdog as one line of its orders, where a newline would
     // end that line and begin another. No store string needs one.
     if raw.chars().any(char::is_control) {
-        return Err(ResolveError::Usage(format!(
-            "the store string from {origin} contains a control character (a newline or tab?)"
-        )));
+        return Err(ResolveError::ControlCharacter(origin));
     }
     let Some(scheme) = redact::plain_scheme(raw) else {
-        return Err(ResolveError::Usage(format!(
-            "the store string from {origin} is not a URL leaderrun understands (expected {})",
-            known_schemes()
-        )));
+        return Err(ResolveError::NotAUrl(origin));
     };
     if !REGISTRY.iter().any(|(k, _)| k.contains(&scheme)) {
-        return Err(ResolveError::Usage(format!(
-            "the store URL from {origin} has an unknown scheme {scheme}:// (expected {})",
-            known_schemes()
-        )));
+        return Err(ResolveError::UnknownScheme {
+            origin,
+            scheme: scheme.to_string(),
+        });
     }
     // etcd clusters and libpq's multi-host URLs are named by a host list
     // (`etcd://a:2379,b:2379`), which URL syntax has no room for; it is
@@ -116,20 +139,26 @@ pub(crate) fn parse(raw: &str, origin: Origin) -> Result<url::Url, ResolveError>
     } else {
         raw
     };
-    let url = url::Url::parse(raw).map_err(|e| {
-        ResolveError::Usage(format!(
-            "the store URL from {origin} is not valid: {e} \
-             (a password containing '/', '?', '#' or '@' must be percent-encoded)"
-        ))
+    let url = url::Url::parse(raw).map_err(|e| ResolveError::Url {
+        origin,
+        error: UrlError::because(
+            format!(
+                "is not valid: {e} \
+                 (a password containing '/', '?', '#' or '@' must be percent-encoded)"
+            ),
+            e,
+        ),
     })?;
     // A '#' or an '@' after the host is what an unencoded '/', '?' or '#' in
     // a password leaves behind when the rest happens to parse (a numeric
     // "port"): refuse rather than connect somewhere odd and show it.
     if url.fragment().is_some() || url.path().contains('@') {
-        return Err(ResolveError::Usage(format!(
-            "the store URL from {origin} is not valid: it has a '#' part or an '@' after the host \
-             (a password containing '/', '?', '#' or '@' must be percent-encoded)"
-        )));
+        return Err(ResolveError::Url {
+            origin,
+            error: "is not valid: it has a '#' part or an '@' after the host \
+                    (a password containing '/', '?', '#' or '@' must be percent-encoded)"
+                .into(),
+        });
     }
     Ok(url)
 }
@@ -180,7 +209,7 @@ pub(crate) fn fold_hosts(raw: &str) -> String {
 /// Refuse query parameters the driver would not understand, naming the
 /// parameter only when it looks like one: sqlx logs unknown parameters with
 /// their value, which may be a secret.
-pub(crate) fn check_params(url: &url::Url, known: &[&str]) -> Result<(), String> {
+pub(crate) fn check_params(url: &url::Url, known: &[&str]) -> Result<(), UrlError> {
     for (k, _) in url.query_pairs() {
         let options_entry = known.contains(&"options") && k.starts_with("options[");
         if !known.contains(&k.as_ref()) && !options_entry {
@@ -189,9 +218,9 @@ pub(crate) fn check_params(url: &url::Url, known: &[&str]) -> Result<(), String>
                 && k.chars()
                     .all(|c| c.is_ascii_lowercase() || c == '_' || c == '-');
             return Err(if plain {
-                format!("has an unknown parameter {k}")
+                format!("has an unknown parameter {k}").into()
             } else {
-                "has a query parameter that is not understood".to_string()
+                "has a query parameter that is not understood".into()
             });
         }
     }

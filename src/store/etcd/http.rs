@@ -61,13 +61,16 @@ pub(super) struct Conn {
     term: Option<i64>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub(super) enum EtcdError {
     /// Could not connect, or the connection broke: may heal.
+    #[error("{0}")]
     Transport(String),
     /// etcd's own error: a gRPC status code and message.
+    #[error("{1}")]
     Status(i64, String),
     /// Our own refusal (a lease etcd cannot grant, an odd reply).
+    #[error("{0}")]
     Refused(String),
 }
 
@@ -92,15 +95,6 @@ impl EtcdError {
     /// grant of an ID that is taken.
     pub fn is_exists(&self) -> bool {
         matches!(self, EtcdError::Status(9, m) if m.contains("already exists"))
-    }
-}
-
-impl std::fmt::Display for EtcdError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            EtcdError::Transport(m) | EtcdError::Refused(m) => f.write_str(m),
-            EtcdError::Status(_, m) => f.write_str(m),
-        }
     }
 }
 

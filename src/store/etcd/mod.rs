@@ -52,6 +52,7 @@
 //! reply was read whole, so a call abandoned by the elector's timer leaves
 //! nothing half-read behind.
 
+use crate::store::UrlError;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
@@ -113,16 +114,12 @@ impl Connect for Cluster {
         // etcd's own messages ("authentication failed, invalid user ID or
         // password") and ours name no password.
         let msg = format!("{what} the store {}: {e}", self.shown);
-        if e.is_transient() {
-            StoreError::Unavailable(msg)
-        } else {
-            StoreError::Fatal(msg)
-        }
+        StoreError::healing(e.is_transient(), msg).with_source(e)
     }
 }
 
 impl EtcdStore {
-    fn new(url: &::url::Url) -> Result<EtcdStore, String> {
+    fn new(url: &::url::Url) -> Result<EtcdStore, UrlError> {
         let p = from_url(url)?;
         Ok(EtcdStore {
             s: Session::new(Cluster {
@@ -775,7 +772,7 @@ impl Backend for EtcdStore {
 
 /// The registry's constructor for `etcd://` and `etcds://` (TLS). Nothing
 /// is connected until the first call.
-pub fn open(t: &Target<'_>) -> Result<Store, String> {
+pub fn open(t: &Target<'_>) -> Result<Store, UrlError> {
     Ok(Store::Etcd(EtcdStore::new(t.url)?))
 }
 

@@ -1,11 +1,12 @@
 //! The URL: `etcd://[user:password@]host[:port][,host[:port]…][?cacert=PATH]`.
 
 use crate::store::target::{check_params, ENDPOINT_PARAM};
+use crate::store::UrlError;
 
 pub(super) const DEFAULT_PORT: u16 = 2379;
 
 /// One `host[:port]` (`[v6]:port` for IPv6), default port 2379.
-pub(super) fn endpoint(h: &str) -> Result<(String, u16), String> {
+pub(super) fn endpoint(h: &str) -> Result<(String, u16), UrlError> {
     let (host, port) = match h.rsplit_once(':') {
         Some((host, port)) if !host.contains(':') || host.ends_with(']') => {
             let port = port
@@ -25,7 +26,7 @@ pub(super) fn endpoint(h: &str) -> Result<(String, u16), String> {
 /// `etcd://[user:password@]host[:port][,host[:port]…][/][?cacert=PATH]`
 /// (the host list folded into `endpoint=` parameters by [`fold_hosts`]);
 /// `etcds://` for TLS.
-pub(super) fn from_url(url: &url::Url) -> Result<ParsedUrl, String> {
+pub(super) fn from_url(url: &url::Url) -> Result<ParsedUrl, UrlError> {
     check_params(url, &["cacert", ENDPOINT_PARAM])?;
     let tls = url.scheme() == "etcds";
     let first = match url.host() {
@@ -40,7 +41,7 @@ pub(super) fn from_url(url: &url::Url) -> Result<ParsedUrl, String> {
         match k.as_ref() {
             "cacert" if !v.is_empty() => ca_file = Some(std::path::PathBuf::from(v.as_ref())),
             ENDPOINT_PARAM => endpoints.push(endpoint(&v)?),
-            _ => return Err(format!("has an empty {k}")),
+            _ => return Err(format!("has an empty {k}").into()),
         }
     }
     if !matches!(url.path(), "" | "/") {
@@ -105,7 +106,7 @@ mod tests {
     fn parsed(raw: &str) -> Result<ParsedUrl, String> {
         let url =
             ::url::Url::parse(&crate::store::target::fold_hosts(raw)).map_err(|e| e.to_string())?;
-        from_url(&url)
+        from_url(&url).map_err(|e| e.to_string())
     }
 
     #[test]

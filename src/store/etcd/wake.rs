@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use tokio::sync::mpsc;
 
-use super::http::{Conn, Members, MAX_BODY};
+use super::http::{Conn, EtcdError, Members, MAX_BODY};
 use super::{b64, lease_key, StoreError};
 use crate::store::wake::Wakeups;
 
@@ -57,18 +57,14 @@ impl EtcdWakeups {
         }
     }
 
-    async fn start(&mut self, name: &str) -> Result<(), String> {
+    async fn start(&mut self, name: &str) -> Result<(), EtcdError> {
         // A start abandoned by the elector's timer may have left its task
         // behind, waiting on a watch nobody reads.
         self.stop();
         // NOPUT: only deletions are of interest; acquisitions and
         // renewals of the key stay off the wire.
         let body = json!({"create_request": {"key": b64(&lease_key(name)), "filters": ["NOPUT"]}});
-        let conn = self
-            .client
-            .stream("/v3/watch", &body)
-            .await
-            .map_err(|e| e.to_string())?;
+        let conn = self.client.stream("/v3/watch", &body).await?;
         let (tx, mut rx) = mpsc::unbounded_channel();
         self.task = Some(tokio::spawn(async move {
             let _ = pump(conn, tx).await;
@@ -84,7 +80,7 @@ impl EtcdWakeups {
             }
             _ => {
                 self.stop();
-                Err("the watch was not created".into())
+                Err(EtcdError::Transport("the watch was not created".into()))
             }
         }
     }
@@ -103,11 +99,11 @@ impl Wakeups for EtcdWakeups {
         if self.rx.is_none() {
             if let Err(e) = self.start(name).await {
                 self.stop();
-                return Err(StoreError::Unavailable(format!("cannot watch: {e}")));
+                return Err(StoreError::unavailable(format!("cannot watch: {e}")).with_source(e));
             }
         }
         let Some(rx) = self.rx.as_mut() else {
-            return Err(StoreError::Unavailable("not watching".into()));
+            return Err(StoreError::unavailable("not watching"));
         };
         loop {
             match rx.try_recv() {
@@ -115,7 +111,7 @@ impl Wakeups for EtcdWakeups {
                 Err(mpsc::error::TryRecvError::Empty) => return Ok(()),
                 Err(mpsc::error::TryRecvError::Disconnected) => {
                     self.stop();
-                    return Err(StoreError::Unavailable("the watch ended".into()));
+                    return Err(StoreError::unavailable("the watch ended"));
                 }
             }
         }
@@ -124,14 +120,14 @@ impl Wakeups for EtcdWakeups {
     async fn wake(&mut self) -> Result<(), StoreError> {
         loop {
             let Some(rx) = self.rx.as_mut() else {
-                return Err(StoreError::Unavailable("not watching".into()));
+                return Err(StoreError::unavailable("not watching"));
             };
             match rx.recv().await {
                 Some(Msg::Deleted) => return Ok(()),
                 Some(Msg::Created) => {}
                 None => {
                     self.stop();
-                    return Err(StoreError::Unavailable("the watch ended".into()));
+                    return Err(StoreError::unavailable("the watch ended"));
                 }
             }
         }

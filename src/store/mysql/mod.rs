@@ -55,6 +55,7 @@ mod semisync;
 mod statements;
 mod url;
 
+use crate::store::UrlError;
 use std::time::Duration;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
@@ -73,7 +74,7 @@ use super::{
 use crate::redact::Redacted;
 
 /// The registry's constructor for `mysql://` and `mariadb://`.
-pub fn open(t: &Target<'_>) -> Result<Store, String> {
+pub fn open(t: &Target<'_>) -> Result<Store, UrlError> {
     let p = url::parse(t.url)?;
     Ok(Store::MySql(MySqlStore {
         s: Session::new(My {
@@ -124,12 +125,15 @@ impl Connect for My {
     async fn connect(&mut self, _deadline: Instant) -> Result<MySqlConnection, StoreError> {
         let mut conn = MySqlConnection::connect_with(&self.opts)
             .await
-            .map_err(|e| match sql::connect_failed(self, &e) {
+            .map_err(|e| {
                 // 1044: no privilege at all in the URL's database.
-                StoreError::Fatal(m) if number(&e) == Some(1044) => {
-                    StoreError::Fatal(format!("{m} (a run needs {GRANT})"))
+                let no_privilege = number(&e) == Some(1044);
+                match sql::connect_failed(self, e) {
+                    err if no_privilege && !err.may_heal() => {
+                        err.reworded(|m| format!("{m} (a run needs {GRANT})"))
+                    }
+                    other => other,
                 }
-                other => other,
             })?;
         let g = self.call_timeout;
         let lock_wait = g.as_secs_f64().ceil().max(1.0) as u64;
@@ -146,7 +150,7 @@ impl Connect for My {
                 if number(&e) != Some(1193) {
                     return Err(sql::classify::<My>(
                         &format!("cannot set up the store {}", self.redacted),
-                        &e,
+                        e,
                     ));
                 }
             }
@@ -334,28 +338,28 @@ impl MySqlStore {
                     "table leader_lease is missing in the store {shown} \
                      (or this login has no privilege on it)"
                 ),
-                &e,
+                e,
             )),
-            Refusal::Table(None) => StoreError::Fatal(format!(
+            Refusal::Table(None) => StoreError::fatal(format!(
                 "table leader_lease is missing in the store {shown}"
             )),
-            Refusal::NoSemiSync => StoreError::Fatal(sync(
+            Refusal::NoSemiSync => StoreError::fatal(sync(
                 "the server has no semi-synchronous replication \
                  (no Rpl_semi_sync_master_status: the semisync plugin is not loaded)",
             )),
-            Refusal::SemiSyncOff => StoreError::Fatal(sync(
+            Refusal::SemiSyncOff => StoreError::fatal(sync(
                 "semi-synchronous replication is off \
                  (rpl_semi_sync_master_enabled, or rpl_semi_sync_source_enabled, is OFF)",
             )),
-            Refusal::FellBack => StoreError::Unavailable(sync(
+            Refusal::FellBack => StoreError::unavailable(sync(
                 "semi-synchronous replication has fallen back to asynchronous \
                  (Rpl_semi_sync_master_status is OFF: no replica acknowledged within \
                  rpl_semi_sync_master_timeout)",
             )),
-            Refusal::NoReplica => StoreError::Unavailable(sync(
+            Refusal::NoReplica => StoreError::unavailable(sync(
                 "no semi-synchronous replica is connected (Rpl_semi_sync_master_clients is 0)",
             )),
-            Refusal::NotAcknowledged { acquired } => StoreError::Unavailable(sync(&format!(
+            Refusal::NotAcknowledged { acquired } => StoreError::unavailable(sync(&format!(
                 "a commit was not acknowledged by a replica (Rpl_semi_sync_master_no_tx rose), \
                  so {}",
                 if acquired {
@@ -364,7 +368,7 @@ impl MySqlStore {
                     "this renewal may exist on the primary alone and does not count"
                 }
             ))),
-            Refusal::CannotSee(m) => StoreError::Fatal(sync(&format!(
+            Refusal::CannotSee(m) => StoreError::fatal(sync(&format!(
                 "cannot read the semi-synchronous replication status: {m} \
                  (SHOW GLOBAL STATUS needs no privilege on MariaDB and MySQL 8; \
                  where it is restricted, grant what the server names)"

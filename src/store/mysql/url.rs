@@ -1,6 +1,7 @@
 //! The URL: sqlx's parameters, the database it must name, and leaderrun's
 //! own `require=`.
 
+use crate::store::UrlError;
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::ConnectOptions;
 
@@ -35,14 +36,14 @@ pub(super) struct Parsed {
     pub(super) require_sync: bool,
 }
 
-pub(super) fn parse(url: &::url::Url) -> Result<Parsed, String> {
+pub(super) fn parse(url: &::url::Url) -> Result<Parsed, UrlError> {
     check_params(url, KNOWN_PARAMS)?;
     // sqlx would connect without selecting a database, and every statement
     // would then fail as if the table were missing.
     if url.path().trim_start_matches('/').is_empty() {
         return Err("names no database: put it after the host \
              (mysql://user:password@host:port/DATABASE)"
-            .to_string());
+            .into());
     }
     let mut require_sync = false;
     for (_, v) in url.query_pairs().filter(|(k, _)| k == "require") {
@@ -53,7 +54,8 @@ pub(super) fn parse(url: &::url::Url) -> Result<Parsed, String> {
                 return Err(format!(
                     "has require={} (expected require=sync or require=none)",
                     crate::names::printable(other)
-                ))
+                )
+                .into())
             }
         }
     }
@@ -73,7 +75,7 @@ pub(super) fn parse(url: &::url::Url) -> Result<Parsed, String> {
     // sqlx reads the URL the same way for both schemes; `mariadb://` is
     // only a name people use.
     let opts = MySqlConnectOptions::from_url(&for_driver)
-        .map_err(|e| format!("is not valid: {}", sql::message(&e)))?
+        .map_err(|e| UrlError::because(format!("is not valid: {}", sql::message(&e)), e))?
         .disable_statement_logging();
     Ok(Parsed { opts, require_sync })
 }
@@ -83,7 +85,7 @@ mod tests {
     use super::*;
 
     fn opened(url: &str) -> Result<Parsed, String> {
-        parse(&::url::Url::parse(url).expect("parses"))
+        parse(&::url::Url::parse(url).expect("parses")).map_err(|e| e.to_string())
     }
 
     #[test]

@@ -50,7 +50,7 @@ impl Pg {
         };
         // A TLS refusal or an unreadable TLS file will not heal on any host.
         let mut conn =
-            conn.map_err(|e| (sql::message(&e), sql::connect_failed(self, &e).may_heal()))?;
+            conn.map_err(|e| (sql::message(&e), sql::connect_failed(self, e).may_heal()))?;
         if want == Attrs::Any {
             return Ok(conn);
         }
@@ -84,7 +84,7 @@ impl Pg {
     }
 
     pub(super) fn heals(e: &sqlx::Error) -> bool {
-        matches!(sql::classify::<Pg>("", e), StoreError::Unavailable(_))
+        sql::heals::<Pg>(e)
     }
 }
 
@@ -104,7 +104,7 @@ impl Connect for Pg {
         if self.hosts.len() == 1 && self.attrs == Attrs::Any && self.connect_timeout.is_none() {
             return PgConnection::connect_with(&self.hosts[0].opts)
                 .await
-                .map_err(|e| sql::connect_failed(self, &e));
+                .map_err(|e| sql::connect_failed(self, e));
         }
         let passes: &[Attrs] = match self.attrs {
             Attrs::PreferStandby => &[Attrs::Standby, Attrs::Any],
@@ -124,11 +124,7 @@ impl Connect for Pg {
             }
         }
         let msg = format!("{context}: {}", why.join("; "));
-        Err(if heals {
-            StoreError::Unavailable(msg)
-        } else {
-            StoreError::Fatal(msg)
-        })
+        Err(StoreError::healing(heals, msg))
     }
 
     fn classify(&self, what: &str, e: sqlx::Error) -> StoreError {

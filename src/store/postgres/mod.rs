@@ -47,6 +47,7 @@ mod statements;
 mod url;
 pub(crate) mod wake;
 
+use crate::store::UrlError;
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgRow};
@@ -112,7 +113,7 @@ struct Pg {
 }
 
 /// The registry's constructor for `postgres://` and `postgresql://`.
-pub fn open(t: &Target<'_>) -> Result<Store, String> {
+pub fn open(t: &Target<'_>) -> Result<Store, UrlError> {
     Ok(Store::Postgres(PgStore::from_url(
         t.url,
         t.app_name,
@@ -129,7 +130,7 @@ impl PgStore {
         url: &::url::Url,
         app_name: &str,
         statement_timeout: Duration,
-    ) -> Result<PgStore, String> {
+    ) -> Result<PgStore, UrlError> {
         let p = parse_url(url, app_name)?;
         let ms = millis(statement_timeout).max(1);
         let notices = Notices::default();
@@ -225,11 +226,7 @@ impl PgStore {
             if warnings.is_empty() {
                 return e;
             }
-            let said = format!("{e} (the server had warned: {})", warnings.join("; "));
-            match e {
-                StoreError::Unavailable(_) => StoreError::Unavailable(said),
-                StoreError::Fatal(_) => StoreError::Fatal(said),
-            }
+            e.reworded(|m| format!("{m} (the server had warned: {})", warnings.join("; ")))
         });
         let (rows, legacy_used) = out?.map_err(|missing| {
             let create_err = match missing {
@@ -237,7 +234,7 @@ impl PgStore {
                 Missing::CreateFailed(e) => e,
             };
             let Some(e) = create_err else {
-                return StoreError::Fatal(format!(
+                return StoreError::fatal(format!(
                     "table leader_lease is missing in the store {}",
                     self.s.c.shown.clone()
                 ));
@@ -247,7 +244,7 @@ impl PgStore {
                     "table leader_lease is missing in the store {}",
                     self.s.c.shown.clone()
                 ),
-                &e,
+                e,
             ))
         })?;
         if legacy_used {
@@ -341,9 +338,9 @@ impl PgStore {
                     self.s.c.shown.clone()
                 );
                 Err(if heals {
-                    StoreError::Unavailable(msg)
+                    StoreError::unavailable(msg)
                 } else {
-                    StoreError::Fatal(msg)
+                    StoreError::fatal(msg)
                 })
             }
         }
@@ -361,7 +358,7 @@ impl PgStore {
             .transpose()
             .map_err(|e| self.s.c.classify("cannot read", e))?
             .ok_or_else(|| {
-                StoreError::Unavailable(format!(
+                StoreError::unavailable(format!(
                     "the store {} said nothing about its replication",
                     self.s.c.shown.clone()
                 ))
@@ -382,13 +379,13 @@ impl PgStore {
         };
         let sync = sync_of_at(row, 1).map_err(|e| self.s.c.classify(what, e))?;
         if let Some(why) = self.not_durable(&ran.warnings, sync, timeout).await {
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::unavailable(format!(
                 "{what} the store {}: {why}",
                 self.s.c.shown.clone()
             )));
         }
         if self.require_sync && !sync {
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::unavailable(format!(
                 "{what} the store {}: the commit did not wait for a synchronous standby \
                  (require=sync)",
                 self.s.c.shown.clone()
@@ -451,7 +448,7 @@ impl Backend for PgStore {
             .await
             .is_ok_and(|r| r.rows.len() == 1);
         self.sync_checked = None;
-        Err(StoreError::Unavailable(format!(
+        Err(StoreError::unavailable(format!(
             "the store {} granted the lease at epoch {epoch}, but {why}; {}",
             self.s.c.shown.clone(),
             if handed {

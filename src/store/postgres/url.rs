@@ -1,5 +1,6 @@
 //! The URL: libpq's host lists and parameters, read into what sqlx needs.
 
+use crate::store::UrlError;
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
@@ -94,7 +95,7 @@ pub(super) const OWN_PARAMS: &[&str] = &[
 
 pub(super) const DEFAULT_PORT: u16 = 5432;
 /// One `host[:port]` (`[v6]:port` for IPv6), default port 5432.
-pub(super) fn host_port(h: &str) -> Result<(String, u16), String> {
+pub(super) fn host_port(h: &str) -> Result<(String, u16), UrlError> {
     let (host, port) = match h.rsplit_once(':') {
         Some((host, port)) if !host.contains(':') || host.ends_with(']') => {
             let port = port
@@ -126,7 +127,7 @@ pub(super) struct Parsed {
     pub(super) shown: String,
 }
 
-pub(super) fn parse_url(url: &url::Url, app_name: &str) -> Result<Parsed, String> {
+pub(super) fn parse_url(url: &url::Url, app_name: &str) -> Result<Parsed, UrlError> {
     let known: Vec<&str> = SQLX_PARAMS.iter().chain(OWN_PARAMS).copied().collect();
     check_params(url, &known)?;
     let mut attrs = Attrs::Any;
@@ -196,9 +197,9 @@ pub(super) fn parse_url(url: &url::Url, app_name: &str) -> Result<Parsed, String
         base.query_pairs_mut().clear().extend_pairs(own);
     }
     let user_named_itself = url.query_pairs().any(|(k, _)| k == "application_name");
-    let opts_for = |u: &url::Url| -> Result<PgConnectOptions, String> {
+    let opts_for = |u: &url::Url| -> Result<PgConnectOptions, UrlError> {
         let opts = PgConnectOptions::from_url(u)
-            .map_err(|e| format!("is not valid: {}", sql::message(&e)))?;
+            .map_err(|e| UrlError::because(format!("is not valid: {}", sql::message(&e)), e))?;
         // Respect an application_name the user put in the URL.
         let opts = if user_named_itself {
             opts
@@ -274,7 +275,7 @@ mod tests {
     fn parsed(raw: &str) -> Result<Parsed, String> {
         let u =
             ::url::Url::parse(&crate::store::target::fold_hosts(raw)).map_err(|e| e.to_string())?;
-        parse_url(&u, "t")
+        parse_url(&u, "t").map_err(|e| e.to_string())
     }
 
     #[test]

@@ -38,8 +38,8 @@ impl PgWakeups {
     }
 }
 
-pub(super) fn pg_err(what: &str, e: &sqlx::Error) -> StoreError {
-    StoreError::Unavailable(format!("{what}: {}", crate::store::sql::message(e)))
+pub(super) fn pg_err(what: &str, e: sqlx::Error) -> StoreError {
+    StoreError::unavailable(format!("{what}: {}", crate::store::sql::message(&e))).with_source(e)
 }
 
 /// What the elector logs once (at info, as `push_broken`) when the `LISTEN`
@@ -57,7 +57,7 @@ pub(super) async fn listener_rows(
 ) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
     sqlx::Executor::fetch_all(&mut *l, sqlx::raw_sql(sql))
         .await
-        .map_err(|e| pg_err("cannot LISTEN", &e))
+        .map_err(|e| pg_err("cannot LISTEN", e))
 }
 
 /// The server process now serving the listener, and whether it listens on
@@ -79,8 +79,8 @@ pub(super) async fn serving(
     let rows = listener_rows(l, &q).await?;
     let row = rows
         .first()
-        .ok_or_else(|| StoreError::Unavailable("cannot LISTEN: no answer".into()))?;
-    let get = |e: sqlx::Error| pg_err("cannot LISTEN", &e);
+        .ok_or_else(|| StoreError::unavailable("cannot LISTEN: no answer"))?;
+    let get = |e: sqlx::Error| pg_err("cannot LISTEN", e);
     Ok((
         sqlx::Row::try_get(row, 0).map_err(get)?,
         sqlx::Row::try_get(row, 1).map_err(get)?,
@@ -113,13 +113,13 @@ impl PgWakeups {
             .connect_lazy_with(self.opts.clone());
         let mut l = sqlx::postgres::PgListener::connect_with(&pool)
             .await
-            .map_err(|e| pg_err("cannot LISTEN", &e))?;
+            .map_err(|e| pg_err("cannot LISTEN", e))?;
         let (backend, _) = serving(&mut l, None).await?;
         // A LISTEN takes effect at commit: the statement after it sees it.
         serving(&mut l, Some(backend)).await?;
         if serving(&mut l, Some(backend)).await? != (backend, true) {
             self.give_up(l).await;
-            return Err(StoreError::Unavailable(POOLED.into()));
+            return Err(StoreError::unavailable(POOLED));
         }
         self.backend = backend;
         self.listener = Some(l);
@@ -139,7 +139,7 @@ impl PgWakeups {
 impl Wakeups for PgWakeups {
     async fn arm(&mut self) -> Result<(), StoreError> {
         if self.pooled {
-            return Err(StoreError::Unavailable(POOLED.into()));
+            return Err(StoreError::unavailable(POOLED));
         }
         match self.listener.as_mut() {
             None => self.subscribe().await?,
@@ -149,7 +149,7 @@ impl Wakeups for PgWakeups {
                     if let Some(l) = self.listener.take() {
                         self.give_up(l).await;
                     }
-                    return Err(StoreError::Unavailable(POOLED.into()));
+                    return Err(StoreError::unavailable(POOLED));
                 }
                 Err(e) => {
                     self.listener = None;
@@ -168,7 +168,7 @@ impl Wakeups for PgWakeups {
         let name = name.as_str();
         loop {
             let Some(l) = self.listener.as_mut() else {
-                return Err(StoreError::Unavailable("not listening".into()));
+                return Err(StoreError::unavailable("not listening"));
             };
             match l.try_recv().await {
                 Ok(Some(n)) if n.payload() == name => return Ok(()),
@@ -179,13 +179,11 @@ impl Wakeups for PgWakeups {
                 // builds a new one.
                 Ok(None) => {
                     self.listener = None;
-                    return Err(StoreError::Unavailable(
-                        "the LISTEN connection was lost".into(),
-                    ));
+                    return Err(StoreError::unavailable("the LISTEN connection was lost"));
                 }
                 Err(e) => {
                     self.listener = None;
-                    return Err(pg_err("the LISTEN connection failed", &e));
+                    return Err(pg_err("the LISTEN connection failed", e));
                 }
             }
         }

@@ -40,6 +40,7 @@
 //! success: a failed call, or one abandoned by the elector's timer, leaves
 //! nothing half-read behind, and the next call reconnects.
 
+use crate::store::UrlError;
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
@@ -112,30 +113,27 @@ impl Connect for Reach {
         // The server's and the driver's words; neither contains the
         // password (the server never echoes AUTH arguments).
         let msg = format!("{what} the store {}: {e}", self.redacted);
-        if is_transient(&e) {
-            StoreError::Unavailable(msg)
-        } else {
-            StoreError::Fatal(msg)
-        }
+        StoreError::healing(is_transient(&e), msg).with_source(e)
     }
 }
 
 /// The registry's constructor for `redis://` and `rediss://` (TLS):
 /// `redis://[user][:password]@host[:port][/db][?replicas=N]`. Nothing is
 /// connected until the first call.
-pub fn open(t: &Target<'_>) -> Result<Store, String> {
+pub fn open(t: &Target<'_>) -> Result<Store, UrlError> {
     Ok(Store::Redis(RedisStore::new(t.url)?))
 }
 
 impl RedisStore {
-    fn new(url: &::url::Url) -> Result<RedisStore, String> {
+    fn new(url: &::url::Url) -> Result<RedisStore, UrlError> {
         let replicas = replicas_param(url)?;
         // The driver gets the URL without our parameter. Its parse errors
         // are fixed texts ("Missing hostname", "Invalid database number");
         // it never puts the URL in them.
         let mut bare = url.clone();
         bare.set_query(None);
-        let client = Client::open(bare).map_err(|e| format!("is not valid: {e}"))?;
+        let client =
+            Client::open(bare).map_err(|e| UrlError::because(format!("is not valid: {e}"), e))?;
         Ok(RedisStore {
             s: Session::new(Reach {
                 client,
@@ -434,7 +432,7 @@ impl Backend for RedisStore {
                 });
                 Ok(Some(epoch))
             }
-            Taken::Unconfirmed { epoch, why } => Err(StoreError::Unavailable(format!(
+            Taken::Unconfirmed { epoch, why } => Err(StoreError::unavailable(format!(
                 "cannot acquire in the store {}: the acquisition (epoch {epoch}) {why}, so \
                      it was handed back",
                 self.s.c.redacted
@@ -530,7 +528,7 @@ impl Backend for RedisStore {
                 self.granted = None;
                 Ok(false)
             }
-            Renewed::Unconfirmed(why) => Err(StoreError::Unavailable(format!(
+            Renewed::Unconfirmed(why) => Err(StoreError::unavailable(format!(
                 "cannot renew in the store {}: the renewal {why}, so it does not count",
                 self.s.c.redacted
             ))),

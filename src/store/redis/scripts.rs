@@ -181,7 +181,7 @@ pub(super) fn parse_acquired(v: &Value) -> Result<Option<(i64, Server)>, RedisEr
 /// A lease from `{counter, value, pttl}` (INSPECT and CLEAR); `None` when
 /// the lease has neither a counter nor a holder (never acquired).
 pub(super) fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, StoreError> {
-    let bad = || StoreError::Fatal(format!("unexpected reply from Redis for {name}: {v:?}"));
+    let bad = || StoreError::fatal(format!("unexpected reply from Redis for {name}: {v:?}"));
     let parts = match v {
         Value::Nil => return Ok(None),
         Value::Array(p) if p.len() == 3 => p,

@@ -1,6 +1,7 @@
 //! The URL: `redis://[user][:password]@host[:port][/db][?replicas=N]`.
 
 use crate::store::target::check_params;
+use crate::store::UrlError;
 
 /// The most acknowledgements `?replicas=` may ask for: far more replicas
 /// than any primary has, small enough that a typo is caught.
@@ -8,7 +9,7 @@ pub(super) const MAX_REPLICAS: u32 = 100;
 
 /// `replicas=N`, the one parameter: a whole number from 0 to
 /// [`MAX_REPLICAS`], given at most once.
-pub(super) fn replicas_param(url: &::url::Url) -> Result<u32, String> {
+pub(super) fn replicas_param(url: &::url::Url) -> Result<u32, UrlError> {
     // `protocol=3` would change the shape of every reply parsed below, and
     // the driver ignores parameters it does not know (a mistyped one would
     // silently do nothing): take none but ours.
@@ -27,7 +28,7 @@ pub(super) fn replicas_param(url: &::url::Url) -> Result<u32, String> {
         .flatten()
         .filter(|n| *n <= MAX_REPLICAS)
         .ok_or_else(|| {
-            format!("has a replicas= that is not a whole number from 0 to {MAX_REPLICAS}")
+            format!("has a replicas= that is not a whole number from 0 to {MAX_REPLICAS}").into()
         })
 }
 
@@ -41,9 +42,15 @@ mod tests {
 
     #[test]
     fn the_replicas_parameter() {
-        assert_eq!(replicas_param(&url("")), Ok(0));
-        assert_eq!(replicas_param(&url("?replicas=0")), Ok(0));
-        assert_eq!(replicas_param(&url("?replicas=100")), Ok(100));
+        assert_eq!(replicas_param(&url("")).map_err(|e| e.to_string()), Ok(0));
+        assert_eq!(
+            replicas_param(&url("?replicas=0")).map_err(|e| e.to_string()),
+            Ok(0)
+        );
+        assert_eq!(
+            replicas_param(&url("?replicas=100")).map_err(|e| e.to_string()),
+            Ok(100)
+        );
         for bad in [
             "?replicas=",
             "?replicas=101",
@@ -51,12 +58,18 @@ mod tests {
             "?replicas=%201",
             "?replicas=1e1",
         ] {
-            let e = replicas_param(&url(bad)).expect_err(bad);
+            let e = replicas_param(&url(bad))
+                .map_err(|e| e.to_string())
+                .expect_err(bad);
             assert!(e.contains("0 to 100"), "{bad}: {e}");
         }
-        let e = replicas_param(&url("?replicas=1&replicas=1")).expect_err("twice");
+        let e = replicas_param(&url("?replicas=1&replicas=1"))
+            .map_err(|e| e.to_string())
+            .expect_err("twice");
         assert!(e.contains("more than once"), "{e}");
-        let e = replicas_param(&url("?protocol=3")).expect_err("protocol");
+        let e = replicas_param(&url("?protocol=3"))
+            .map_err(|e| e.to_string())
+            .expect_err("protocol");
         assert!(e.contains("unknown parameter protocol"), "{e}");
     }
 }

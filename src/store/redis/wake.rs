@@ -33,7 +33,7 @@ impl RedisWakeups {
 impl Wakeups for RedisWakeups {
     async fn arm(&mut self) -> Result<(), StoreError> {
         let err =
-            |e: ::redis::RedisError| StoreError::Unavailable(format!("cannot SUBSCRIBE: {e}"));
+            |e: ::redis::RedisError| StoreError::unavailable(format!("cannot SUBSCRIBE: {e}"));
         if self.sub.is_none() {
             let mut s = self.client.get_async_pubsub().await.map_err(err)?;
             s.subscribe(&self.channel).await.map_err(err)?;
@@ -55,9 +55,7 @@ impl Wakeups for RedisWakeups {
                     std::task::Poll::Ready(None) => {
                         drop(stream);
                         self.sub = None;
-                        return Err(StoreError::Unavailable(
-                            "the SUBSCRIBE connection was lost".into(),
-                        ));
+                        return Err(StoreError::unavailable("the SUBSCRIBE connection was lost"));
                     }
                     std::task::Poll::Pending => break,
                 }
@@ -68,7 +66,7 @@ impl Wakeups for RedisWakeups {
 
     async fn wake(&mut self) -> Result<(), StoreError> {
         let Some(s) = self.sub.as_mut() else {
-            return Err(StoreError::Unavailable("not subscribed".into()));
+            return Err(StoreError::unavailable("not subscribed"));
         };
         let got = {
             let mut stream = s.on_message();
@@ -81,9 +79,7 @@ impl Wakeups for RedisWakeups {
             Ok(())
         } else {
             self.sub = None;
-            Err(StoreError::Unavailable(
-                "the SUBSCRIBE connection was lost".into(),
-            ))
+            Err(StoreError::unavailable("the SUBSCRIBE connection was lost"))
         }
     }
 }

@@ -27,6 +27,7 @@
 //! scan of it (SQLite rebuilds its index when it is the first to open the
 //! file) stays short.
 
+use crate::store::UrlError;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -130,7 +131,7 @@ struct Lite {
 /// would use different files and both run. `?mode=rwc` (the default) and
 /// `?mode=rw` (never create the file) are the only parameters; a `?` or `#`
 /// in a file name is written `%3F` / `%23`.
-pub fn open(t: &Target<'_>) -> Result<Store, String> {
+pub fn open(t: &Target<'_>) -> Result<Store, UrlError> {
     let abs = "needs an absolute file path, as in sqlite:///var/lib/leaderrun/leases.db \
                (three slashes; relative paths are refused so that every run uses the same file)";
     let path = t.url.to_file_path().map_err(|()| abs.to_string())?;
@@ -168,7 +169,9 @@ fn boot_id() -> Result<String, StoreError> {
     }
     let b = std::fs::read_to_string(P)
         .map(|s| s.trim().to_string())
-        .map_err(|e| StoreError::Fatal(format!("cannot read the boot id from {P}: {e}")))?;
+        .map_err(|e| {
+            StoreError::fatal(format!("cannot read the boot id from {P}: {e}")).with_source(e)
+        })?;
     Ok(BOOT.get_or_init(|| b).clone())
 }
 
@@ -245,15 +248,13 @@ impl Connect for Lite {
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             if self.create {
                 create_private_dir(dir).map_err(|e| {
-                    StoreError::Fatal(format!(
-                        "cannot create the store directory {}: {e}",
-                        dir.display()
-                    ))
+                    let said = format!("cannot create the store directory {}: {e}", dir.display());
+                    StoreError::fatal(said).with_source(e)
                 })?;
             }
         }
         let opts = SqliteConnectOptions::from_str("sqlite://")
-            .map_err(|e| StoreError::Fatal(e.to_string()))?
+            .map_err(|e| StoreError::fatal(e.to_string()))?
             .filename(&self.path)
             .create_if_missing(self.create)
             .journal_mode(SqliteJournalMode::Wal)
@@ -265,18 +266,18 @@ impl Connect for Lite {
         let mut conn =
             SqliteConnection::connect_with(&opts).await.map_err(|e| {
                 match why_unopenable(&self.path) {
-                    Some(why) => StoreError::Fatal(format!("{context}: {why}")),
-                    None => sql::classify::<Lite>(&context, &e),
+                    Some(why) => StoreError::fatal(format!("{context}: {why}")),
+                    None => sql::classify::<Lite>(&context, e),
                 }
             })?;
         keep_wal_at_close(&mut conn)
             .await
-            .map_err(|e| sql::classify::<Lite>(&context, &e))?;
+            .map_err(|e| sql::classify::<Lite>(&context, e))?;
         sqlx::query(TABLE_SQL)
             .execute(&mut conn)
             .await
             .map_err(|e| {
-                sql::classify::<Lite>(&format!("cannot set up the store {}", self.shown()), &e)
+                sql::classify::<Lite>(&format!("cannot set up the store {}", self.shown()), e)
             })?;
         Ok(conn)
     }

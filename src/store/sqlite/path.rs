@@ -18,11 +18,7 @@ pub fn default_path() -> Result<PathBuf, ResolveError> {
     };
     if let Some(d) = var("LEADERRUN_STATE_DIR") {
         if d.is_relative() {
-            return Err(ResolveError::Usage(
-                "LEADERRUN_STATE_DIR must be an absolute path (a relative one would name a \
-                 different file in every working directory)"
-                    .into(),
-            ));
+            return Err(ResolveError::RelativeStateDir);
         }
         return Ok(d.join("leases.db"));
     }
@@ -34,11 +30,7 @@ pub fn default_path() -> Result<PathBuf, ResolveError> {
     }
     match var("HOME").filter(|h| h.is_absolute()) {
         Some(h) => Ok(h.join(".local/state/leaderrun/leases.db")),
-        None => Err(ResolveError::Failure(
-            "no store configured, and no place for the embedded one: HOME is not set to an \
-             absolute path (set LEADERRUN_STATE_DIR or --store)"
-                .into(),
-        )),
+        None => Err(ResolveError::NoHome),
     }
 }
 

@@ -93,7 +93,7 @@ impl FileWakeups {
     fn drain(&mut self) -> Result<bool, StoreError> {
         use nix::sys::inotify::AddWatchFlags as F;
         let Some(fd) = self.fd.as_ref() else {
-            return Err(StoreError::Unavailable("not watching".into()));
+            return Err(StoreError::unavailable("not watching"));
         };
         let mut woken = false;
         loop {
@@ -104,8 +104,8 @@ impl FileWakeups {
                             // The watch is gone, or events were dropped:
                             // anything may have happened.
                             self.fd = None;
-                            return Err(StoreError::Unavailable(
-                                "the wake-up directory watch ended".into(),
+                            return Err(StoreError::unavailable(
+                                "the wake-up directory watch ended",
                             ));
                         }
                         if ev.name.as_deref().and_then(|n| n.to_str()) == Some(self.name.as_str()) {
@@ -116,7 +116,7 @@ impl FileWakeups {
                 Err(nix::errno::Errno::EAGAIN) => return Ok(woken),
                 Err(e) => {
                     self.fd = None;
-                    return Err(StoreError::Unavailable(format!("inotify: {e}")));
+                    return Err(StoreError::unavailable(format!("inotify: {e}")));
                 }
             }
         }
@@ -129,7 +129,7 @@ impl Wakeups for FileWakeups {
         if self.fd.is_none() {
             let dir = wake_dir(&self.db);
             let fail = |e: &dyn std::fmt::Display| {
-                StoreError::Unavailable(format!("cannot watch {}: {e}", dir.display()))
+                StoreError::unavailable(format!("cannot watch {}: {e}", dir.display()))
             };
             if !dir.is_dir() {
                 make_dir(&self.db, &dir).map_err(|e| fail(&e))?;
@@ -155,12 +155,12 @@ impl Wakeups for FileWakeups {
     async fn wake(&mut self) -> Result<(), StoreError> {
         loop {
             let Some(fd) = self.fd.as_ref() else {
-                return Err(StoreError::Unavailable("not watching".into()));
+                return Err(StoreError::unavailable("not watching"));
             };
             let mut ready = fd
                 .readable()
                 .await
-                .map_err(|e| StoreError::Unavailable(format!("inotify: {e}")))?;
+                .map_err(|e| StoreError::unavailable(format!("inotify: {e}")))?;
             ready.clear_ready();
             drop(ready);
             if self.drain()? {
