@@ -15,9 +15,11 @@ pub const NO: i32 = 1;
 
 pub async fn run(cmd: Admin, common: Common) -> i32 {
     let choice = crate::store::choose(common.store, common.store_origin);
+    // No store configured: the embedded one creates its own table, so
+    // whoever asks for SQL means a server's, and Postgres is the default.
+    // (A build without Postgres prints the embedded store's, below.)
+    #[cfg(feature = "postgres")]
     if let (Admin::Init { print: true }, None) = (&cmd, &choice) {
-        // No store configured: the embedded one creates its own table, so
-        // whoever asks for SQL means a server's, and Postgres is the default.
         print_schema(crate::store::postgres::SCHEMA, "no store configured; ");
         return 0;
     }

@@ -54,10 +54,14 @@
 //! constructor.
 
 mod error;
+#[cfg(feature = "etcd")]
 pub mod etcd;
 mod lease;
+#[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
 pub mod redis;
 mod session;
 mod sql;
@@ -73,25 +77,52 @@ use target::parse;
 pub use target::{choose, Origin, ResolveError, Target};
 pub use wake::{Subscription, Wakeups};
 
-/// One line per store: the URL schemes it answers to and how to open it.
+/// `Some(open)` when the store's Cargo feature is built, else `None`.
+macro_rules! built {
+    ($feature:literal, $open:path) => {{
+        #[cfg(feature = $feature)]
+        let open: Option<Open> = Some($open);
+        #[cfg(not(feature = $feature))]
+        let open: Option<Open> = None;
+        open
+    }};
+}
+
+/// One line per store: the URL schemes it answers to, the Cargo feature
+/// that builds it, and how to open it (`None` where this build left it out).
 /// `open` checks the URL's syntax and connects to nothing.
-pub const REGISTRY: &[(&[&str], Open)] = &[
-    (&["postgres", "postgresql"], postgres::open),
-    (&["mysql", "mariadb"], mysql::open),
-    (&["etcd", "etcds"], etcd::open),
-    (&["redis", "rediss"], redis::open),
-    (&["sqlite"], sqlite::open),
+pub const REGISTRY: &[Entry] = &[
+    (
+        &["postgres", "postgresql"],
+        "postgres",
+        built!("postgres", postgres::open),
+    ),
+    (&["mysql", "mariadb"], "mysql", built!("mysql", mysql::open)),
+    (&["etcd", "etcds"], "etcd", built!("etcd", etcd::open)),
+    (&["redis", "rediss"], "redis", built!("redis", redis::open)),
+    (&["sqlite"], "(always built)", Some(sqlite::open)),
 ];
+
+/// A [`REGISTRY`] line: URL schemes, Cargo feature, constructor if built.
+pub type Entry = (&'static [&'static str], &'static str, Option<Open>);
 
 /// A store constructor: the parsed URL in, a store (not yet connected) out,
 /// or a one-line usage error that never contains the password.
 pub type Open = fn(&Target<'_>) -> Result<Store, UrlError>;
 
-/// Any store the registry can open, not yet connected.
+/// Any store the registry can open, not yet connected. A store left out
+/// by its Cargo feature has no variant.
+// A process opens one or two stores and moves them a handful of times:
+// their sizes do not matter, boxing them would only add a step.
+#[allow(clippy::large_enum_variant)]
 pub enum Store {
+    #[cfg(feature = "postgres")]
     Postgres(postgres::PgStore),
+    #[cfg(feature = "mysql")]
     MySql(mysql::MySqlStore),
+    #[cfg(feature = "redis")]
     Redis(redis::RedisStore),
+    #[cfg(feature = "etcd")]
     Etcd(etcd::EtcdStore),
     Sqlite(sqlite::SqliteStore),
 }
@@ -100,9 +131,13 @@ pub enum Store {
 macro_rules! each {
     ($s:expr, $b:ident => $e:expr) => {
         match $s {
+            #[cfg(feature = "postgres")]
             Store::Postgres($b) => $e,
+            #[cfg(feature = "mysql")]
             Store::MySql($b) => $e,
+            #[cfg(feature = "redis")]
             Store::Redis($b) => $e,
+            #[cfg(feature = "etcd")]
             Store::Etcd($b) => $e,
             Store::Sqlite($b) => $e,
         }
@@ -372,14 +407,13 @@ pub fn open(
         return sqlite::open_default(call_timeout);
     };
     let url = parse(raw, origin)?;
-    let open = REGISTRY
-        .iter()
-        .find(|(schemes, _)| schemes.contains(&url.scheme()))
-        .map(|(_, open)| *open)
-        .ok_or_else(|| ResolveError::UnknownScheme {
+    // `parse` refused schemes that are not built or not known.
+    let Some((_, _, Some(open))) = REGISTRY.iter().find(|(s, ..)| s.contains(&url.scheme())) else {
+        return Err(ResolveError::UnknownScheme {
             origin,
             scheme: url.scheme().to_string(),
-        })?;
+        });
+    };
     let target = Target {
         url: &url,
         app_name: &app_name,
@@ -410,12 +444,17 @@ mod tests {
     /// A store says it pushes wake-ups exactly when it hands out a
     /// subscription: the docs' push column and the run form agree.
     #[test]
+    #[allow(clippy::single_element_loop)] // in a build with the embedded store alone
     fn stores_that_push_offer_a_subscription() {
         for (raw, pushes) in [
+            #[cfg(feature = "postgres")]
             ("postgres://u@h/db", true),
+            #[cfg(feature = "redis")]
             ("redis://h:6379/0", true),
+            #[cfg(feature = "etcd")]
             ("etcd://h:2379", true),
             ("sqlite:///tmp/x.db", true),
+            #[cfg(feature = "mysql")]
             ("mysql://u@h/db", false),
         ] {
             let s = open(Some((raw, Origin::Flag)), "t", Duration::from_secs(1)).expect(raw);

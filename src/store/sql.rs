@@ -18,6 +18,7 @@ pub(crate) trait Dialect: Connect<Error = sqlx::Error> {
         false
     }
     /// The URL parameters that name files read for TLS.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     const TLS_FILES: &'static [&'static str] = &[];
 }
 
@@ -82,6 +83,7 @@ fn may_heal(e: &sqlx::Error) -> bool {
 
 /// A TLS handshake that failed over certificates or configuration, which
 /// no retry can change.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn tls_refusal(io: &std::io::Error) -> bool {
     use tokio_rustls::rustls::{AlertDescription as A, Error as T};
     let Some(t) = io.get_ref().and_then(|e| e.downcast_ref::<T>()) else {
@@ -114,6 +116,12 @@ fn tls_refusal(io: &std::io::Error) -> bool {
     }
 }
 
+/// Without a server store there is no TLS, and no handshake to refuse.
+#[cfg(not(any(feature = "postgres", feature = "mysql")))]
+fn tls_refusal(_: &std::io::Error) -> bool {
+    false
+}
+
 /// Classify a failed connect. A file the URL names for TLS (a CA, a client
 /// certificate or key) that cannot be read comes back from sqlx as a bare
 /// `Io` error ("No such file or directory"), which looks like a network
@@ -121,6 +129,7 @@ fn tls_refusal(io: &std::io::Error) -> bool {
 /// unreadable, that is the cause, it will not heal by itself, and the
 /// error says which file and which parameter. The files are looked at only
 /// after a failure, so a healthy connect costs nothing.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn connect_failed<D: Dialect>(d: &D, e: sqlx::Error) -> StoreError {
     let context = format!("cannot connect to the store {}", d.shown());
     if let sqlx::Error::Io(io) = &e {
@@ -141,6 +150,7 @@ pub(crate) fn connect_failed<D: Dialect>(d: &D, e: sqlx::Error) -> StoreError {
 /// The first file named by one of `params` in the (shown) URL that cannot
 /// be read, as "cannot read PATH (named by PARAM): REASON". The shown URL
 /// has its passwords starred but its file parameters as given.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn unreadable_tls_file(shown: &str, params: &[&str]) -> Option<String> {
     let url = url::Url::parse(shown).ok()?;
     url.query_pairs()
@@ -184,6 +194,7 @@ where
 }
 
 /// The hint that goes with a lease table that could not be created.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn cannot_create(err: StoreError) -> StoreError {
     if err.may_heal() {
         // A read-only server (a standby, a primary demoted during a
@@ -212,6 +223,7 @@ pub(crate) fn no_table(shown: &str) -> StoreError {
 }
 
 /// What `init` says when the login lacks some of what a run needs.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn lacking(shown: &str, missing: &[String], grant: &str) -> StoreError {
     StoreError::fatal(format!(
         "the login may not do what a run needs in the store {shown}: it lacks {}; \
@@ -220,7 +232,7 @@ pub(crate) fn lacking(shown: &str, missing: &[String], grant: &str) -> StoreErro
     ))
 }
 
-#[cfg(test)]
+#[cfg(all(test, any(feature = "postgres", feature = "mysql")))]
 mod tests {
     use super::*;
 

@@ -58,6 +58,16 @@ pub enum ResolveError {
         known = known_schemes()
     )]
     UnknownScheme { origin: Origin, scheme: String },
+    /// A store this build left out (its Cargo feature was not enabled).
+    #[error(
+        "the store URL from {origin} names a {scheme}:// store, which this leaderrun was built \
+         without (its Cargo feature {feature} was not enabled)"
+    )]
+    NotBuilt {
+        origin: Origin,
+        scheme: String,
+        feature: &'static str,
+    },
     /// A URL its store cannot use (each store's own rules).
     #[error("the store URL from {origin} {error}")]
     Url {
@@ -101,10 +111,12 @@ pub fn choose(given: Option<String>, origin: Origin) -> Option<(String, Origin)>
             .map(|s| (s, Origin::DatabaseUrl)),
     }
 }
+/// The schemes of the stores this build has, for errors.
 pub(crate) fn known_schemes() -> String {
     let all: Vec<String> = REGISTRY
         .iter()
-        .flat_map(|(s, _)| s.iter())
+        .filter(|(_, _, open)| open.is_some())
+        .flat_map(|(schemes, ..)| schemes.iter())
         .map(|s| format!("{s}://"))
         .collect();
     all.join(", ")
@@ -123,11 +135,24 @@ pub(crate) fn parse(raw: &str, origin: Origin) -> Result<url::Url, ResolveError>
     let Some(scheme) = redact::plain_scheme(raw) else {
         return Err(ResolveError::NotAUrl(origin));
     };
-    if !REGISTRY.iter().any(|(k, _)| k.contains(&scheme)) {
-        return Err(ResolveError::UnknownScheme {
-            origin,
-            scheme: scheme.to_string(),
-        });
+    match REGISTRY
+        .iter()
+        .find(|(schemes, ..)| schemes.contains(&scheme))
+    {
+        Some((_, _, Some(_))) => {}
+        Some((_, feature, None)) => {
+            return Err(ResolveError::NotBuilt {
+                origin,
+                scheme: scheme.to_string(),
+                feature,
+            })
+        }
+        None => {
+            return Err(ResolveError::UnknownScheme {
+                origin,
+                scheme: scheme.to_string(),
+            })
+        }
     }
     // etcd clusters and libpq's multi-host URLs are named by a host list
     // (`etcd://a:2379,b:2379`), which URL syntax has no room for; it is
@@ -209,6 +234,12 @@ pub(crate) fn fold_hosts(raw: &str) -> String {
 /// Refuse query parameters the driver would not understand, naming the
 /// parameter only when it looks like one: sqlx logs unknown parameters with
 /// their value, which may be a secret.
+#[cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis",
+    feature = "etcd"
+))]
 pub(crate) fn check_params(url: &url::Url, known: &[&str]) -> Result<(), UrlError> {
     for (k, _) in url.query_pairs() {
         let options_entry = known.contains(&"options") && k.starts_with("options[");
@@ -250,6 +281,7 @@ mod tests {
         assert!(url::Url::parse("etcd://a:1,b:2").is_err());
     }
 
+    #[cfg(all(feature = "postgres", feature = "mysql"))]
     fn err(raw: &str) -> String {
         match open(
             Some((raw, Origin::DatabaseUrl)),
@@ -261,6 +293,7 @@ mod tests {
         }
     }
 
+    #[cfg(all(feature = "postgres", feature = "mysql"))]
     #[test]
     fn unparsable_strings_are_named_by_origin_never_echoed() {
         for (raw, secret, want) in [
@@ -294,6 +327,7 @@ mod tests {
     }
 
     /// sqlx logs parameters it does not know together with their value.
+    #[cfg(all(feature = "postgres", feature = "mysql"))]
     #[test]
     fn unknown_parameters_are_refused_by_name_only() {
         let e = err("postgres://u@h/db?pasword=Hunter2x");
@@ -311,6 +345,7 @@ mod tests {
         }
     }
 
+    #[cfg(all(feature = "postgres", feature = "mysql"))]
     #[test]
     fn passwords_are_hidden_in_the_description() {
         for (raw, shown) in [
@@ -326,6 +361,44 @@ mod tests {
         ] {
             let s = open(Some((raw, Origin::Flag)), "t", Duration::from_secs(1)).expect(raw);
             assert_eq!(s.describe(), shown);
+        }
+    }
+
+    #[test]
+    fn a_store_left_out_of_the_build_is_named_with_its_feature() {
+        let e = ResolveError::NotBuilt {
+            origin: Origin::DatabaseUrl,
+            scheme: "redis".into(),
+            feature: "redis",
+        };
+        assert_eq!(
+            e.to_string(),
+            "the store URL from DATABASE_URL names a redis:// store, which this leaderrun was \
+             built without (its Cargo feature redis was not enabled)"
+        );
+        assert_eq!(e.exit_code(), crate::exit::USAGE);
+    }
+
+    /// Through the registry, as the binary opens it: every scheme of a
+    /// store this build left out, before anything else is looked at.
+    #[test]
+    fn every_store_left_out_is_refused_by_its_feature() {
+        let left_out = REGISTRY.iter().filter(|(_, _, open)| open.is_none());
+        for (schemes, feature, _) in left_out {
+            for scheme in *schemes {
+                let raw = format!("{scheme}://u:Hunter2x@h:1,h:2/db?x=1");
+                let e = match open(Some((&raw, Origin::Flag)), "t", Duration::from_secs(1)) {
+                    Ok(_) => panic!("{scheme}:// opened"),
+                    Err(e) => e,
+                };
+                let said = e.to_string();
+                assert!(matches!(e, ResolveError::NotBuilt { .. }), "{said}");
+                assert!(
+                    said.contains(&format!("Cargo feature {feature} ")),
+                    "{said}"
+                );
+                assert!(!said.contains("Hunter2x"), "{said}");
+            }
         }
     }
 }

@@ -19,7 +19,13 @@
 //! cost the lease loop a reconnect, and the command connection's reads must
 //! not interleave with notifications.
 
-use super::{etcd, postgres, redis, sqlite, StoreError};
+#[cfg(feature = "etcd")]
+use super::etcd;
+#[cfg(feature = "postgres")]
+use super::postgres;
+#[cfg(feature = "redis")]
+use super::redis;
+use super::{sqlite, StoreError};
 
 /// A subscription to "lease NAME was freed", for the one lease it was made
 /// for.
@@ -40,8 +46,11 @@ pub trait Wakeups {
 /// The subscription of whichever store pushes.
 pub enum Subscription {
     // Boxed: its listener is large, and only one subscription is made per run.
+    #[cfg(feature = "postgres")]
     Postgres(Box<postgres::wake::HostsWakeups>),
+    #[cfg(feature = "redis")]
     Redis(redis::wake::RedisWakeups),
+    #[cfg(feature = "etcd")]
     Etcd(etcd::wake::EtcdWakeups),
     Sqlite(sqlite::wake::FileWakeups),
 }
@@ -49,8 +58,11 @@ pub enum Subscription {
 impl Wakeups for Subscription {
     async fn arm(&mut self) -> Result<(), StoreError> {
         match self {
+            #[cfg(feature = "postgres")]
             Subscription::Postgres(w) => w.arm().await,
+            #[cfg(feature = "redis")]
             Subscription::Redis(w) => w.arm().await,
+            #[cfg(feature = "etcd")]
             Subscription::Etcd(w) => w.arm().await,
             Subscription::Sqlite(w) => w.arm().await,
         }
@@ -58,8 +70,11 @@ impl Wakeups for Subscription {
 
     async fn wake(&mut self) -> Result<(), StoreError> {
         match self {
+            #[cfg(feature = "postgres")]
             Subscription::Postgres(w) => w.wake().await,
+            #[cfg(feature = "redis")]
             Subscription::Redis(w) => w.wake().await,
+            #[cfg(feature = "etcd")]
             Subscription::Etcd(w) => w.wake().await,
             Subscription::Sqlite(w) => w.wake().await,
         }
