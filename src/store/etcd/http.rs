@@ -1,848 +1,390 @@
-//! A small HTTP/1.1 client for etcd's v3 JSON gateway (mod.rs says why
-//! not gRPC): POSTs of JSON over keep-alive connections to the members the
-//! URL lists, over TCP or TLS (`etcds://`), with an auth token when the URL
-//! names a user. Errors keep etcd's gRPC status, so that the store can tell
-//! what may heal.
+//! HTTP/1.1 with one member of the cluster: a connection (TCP, or TLS for
+//! `etcds://`), a POST of JSON, and the reply read within fixed bounds.
 //!
-//! # A member that hangs costs one hedge, not the call
-//!
-//! A member can hang without refusing anything: a frozen process (`kill
-//! -STOP`, a stuck disk, a paused VM) still has its listening socket, so the
-//! kernel accepts the connection and the request sits unanswered. Two rules
-//! keep such a member from eating the lease's budget:
-//!
-//! * **Within a call, another member is asked too** ([`Members::call`]). The
-//!   first attempt goes to the member that answered last; if it has not
-//!   answered after [`hedge`] (a quarter of the time left, 10–500 ms), the
-//!   same step goes to the next member as well, and so on. The first answer
-//!   wins and the other attempts are dropped with their connections; a
-//!   member that fails outright (refused, reset, `no leader`) is passed over
-//!   at once. A slow member is not cut off, so a call that is merely slow
-//!   still gets its answer. This repeats a step, so every step sent this way
-//!   must be safe to apply more than once, in any order with its copies:
-//!   mod.rs says why each one is, next to it.
-//! * **A call abandoned moves the next one on.** A call is abandoned when
-//!   the store's timeout fires or the elector drops its future at its own
-//!   deadline (the same instant, so nothing after the `await` ever runs).
-//!   The client therefore marks where a call is out *before* it waits
-//!   (`out`), and clears the mark only when the call completes; the next call
-//!   that finds a mark left behind starts at the member after it.
-//!
-//! The stream a watch reads ([`Members::stream`]) tries the members in turn
-//! and follows the second rule: it is one request whose answer never ends,
-//! so there is nothing to race.
+//! A member that misbehaves (a broken build, a proxy in between, anything
+//! listening on the port) must not make leaderrun grow without bound: the
+//! status line and headers are parsed by `httparse` from at most
+//! [`MAX_HEAD`] bytes and [`MAX_HEADERS`] headers, a chunk-size line (and
+//! each trailer line) is at most [`MAX_LINE`] bytes, and a body, or a
+//! watch's message, at most [`MAX_BODY`], checked against what the member
+//! *declares* before anything is allocated for it, and filled only as its
+//! bytes arrive. Anything beyond is an error of the connection, which is
+//! then dropped.
 
-use std::cell::{Cell, OnceCell, RefCell};
-use std::future::Future;
-use std::path::PathBuf;
-use std::pin::Pin;
-use std::rc::Rc;
+use std::io;
 use std::sync::Arc;
-use std::task::Poll;
-use std::time::Duration;
 
-use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use httparse::Status;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 use tokio_rustls::rustls;
 
-/// A reply larger than this is not from an etcd we understand.
+use super::members::{EtcdError, Res};
+
+/// The status line and headers of a reply, together.
+pub(super) const MAX_HEAD: usize = 16 << 10;
+/// Headers in a reply (the gateway sends about eight).
+pub(super) const MAX_HEADERS: usize = 32;
+/// A chunk-size line, or a trailer line.
+pub(super) const MAX_LINE: usize = 1 << 10;
+/// A reply's body, or one message of a stream: far more than the list of
+/// every lease of any sensible deployment.
 pub(super) const MAX_BODY: usize = 64 << 20;
+
+/// How much is read from the socket at a time.
+const READ: usize = 8 << 10;
 
 pub(super) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
+/// One connection to one member.
 pub(super) struct Conn {
-    pub io: BufReader<Box<dyn Io>>,
+    io: Box<dyn Io>,
+    /// Bytes read and not used yet: the rest of a head, the next chunk.
+    buf: Vec<u8>,
     pub endpoint: usize,
     /// The Raft term in the last reply read on this connection, that is
     /// from its one member (mod.rs: the renewal's term check).
-    term: Option<i64>,
+    pub term: Option<i64>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub(super) enum EtcdError {
-    /// Could not connect, or the connection broke: may heal.
-    #[error("{0}")]
-    Transport(String),
-    /// etcd's own error: a gRPC status code and message.
-    #[error("{1}")]
-    Status(i64, String),
-    /// Our own refusal (a lease etcd cannot grant, an odd reply).
-    #[error("{0}")]
-    Refused(String),
+/// What a reply's head says about its body.
+pub(super) struct Head {
+    pub status: u16,
+    pub chunked: bool,
+    length: Option<usize>,
+    /// The connection may carry the next request.
+    keep: bool,
 }
 
-impl EtcdError {
-    /// May heal, and worth asking another member about within the same
-    /// call: a member that cannot answer now says nothing about the rest.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            EtcdError::Transport(_) => true,
-            // CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED,
-            // INTERNAL, UNAVAILABLE ("no leader", "request timed out",
-            // "leader changed", "too many requests", a member shutting
-            // down).
-            EtcdError::Status(code, _) => matches!(code, 1 | 4 | 8 | 10 | 13 | 14),
-            EtcdError::Refused(_) => false,
-        }
-    }
-    pub fn is_not_found(&self) -> bool {
-        matches!(self, EtcdError::Status(5, _))
-    }
-    /// etcd's "lease already exists" (FAILED_PRECONDITION), the answer to a
-    /// grant of an ID that is taken.
-    pub fn is_exists(&self) -> bool {
-        matches!(self, EtcdError::Status(9, m) if m.contains("already exists"))
-    }
+fn bad(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.to_string())
 }
 
-pub(super) type Res<T> = Result<T, EtcdError>;
-
-/// How long an attempt may go unanswered before the next member is asked
-/// too: a quarter of the time left, so that with three members listed the
-/// third still gets half of it; at least 10 ms (below that, a healthy
-/// member's linearizable read would be hedged routinely); at most 500 ms (a
-/// healthy cluster answers in milliseconds, while a frozen member never
-/// does, and `status` with its 10 s should not wait seconds on one).
-pub(super) fn hedge(left: Duration) -> Duration {
-    (left / 4).clamp(Duration::from_millis(10), Duration::from_millis(500))
-}
-
-/// The cluster as the URL names it: its members, how to speak to them,
-/// and as whom. Shared by the store's calls and its watch.
-pub(super) struct Reach {
-    endpoints: Vec<(String, u16)>,
-    tls: bool,
-    ca_file: Option<PathBuf>,
-    user: Option<(String, String)>,
-    /// Made on first use (reading the roots and `cacert=`), then kept.
-    connector: OnceCell<tokio_rustls::TlsConnector>,
-}
-
-impl Reach {
-    pub fn new(
-        endpoints: Vec<(String, u16)>,
-        tls: bool,
-        ca_file: Option<PathBuf>,
-        user: Option<(String, String)>,
-    ) -> Reach {
-        Reach {
-            endpoints,
-            tls,
-            ca_file,
-            user,
-            connector: OnceCell::new(),
-        }
-    }
-
-    fn tls_connector(&self) -> Res<Option<tokio_rustls::TlsConnector>> {
-        if !self.tls {
-            return Ok(None);
-        }
-        if let Some(c) = self.connector.get() {
-            return Ok(Some(c.clone()));
-        }
-        // The system's roots (which honour SSL_CERT_FILE / SSL_CERT_DIR),
-        // plus the CA named by `cacert=` for a private cluster.
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_native_certs::load_native_certs().certs {
-            let _ = roots.add(cert);
-        }
-        if let Some(path) = &self.ca_file {
-            use rustls::pki_types::pem::PemObject;
-            use rustls::pki_types::CertificateDer;
-            let bad = |e: &dyn std::fmt::Display| {
-                EtcdError::Refused(format!("cannot read cacert {}: {e}", path.display()))
-            };
-            for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
-                roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
-            }
-        }
-        let config = rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let c = tokio_rustls::TlsConnector::from(Arc::new(config));
-        Ok(Some(self.connector.get_or_init(|| c).clone()))
-    }
-}
-
-/// What one call leaves for the next, whether it completed, failed or was
-/// abandoned: the member to start at, and the auth token.
-#[derive(Default)]
-pub(super) struct Cursor {
-    next: Cell<usize>,
-    /// The member a call last sent an attempt to, while that call is out.
-    /// A call that completes clears it; one that was abandoned leaves it
-    /// behind, and the next call starts at the member after it.
-    out: Cell<Option<usize>>,
-    token: RefCell<Option<String>>,
-}
-
-impl Cursor {
-    /// Starting where this one would, with no token or call of its own:
-    /// for a watch, which must not share the calls' connection.
-    pub fn detached(&self) -> Cursor {
-        let c = Cursor::default();
-        c.next.set(self.next.get());
-        c
-    }
-}
-
-/// The cluster's members as one connection of the store's session
-/// (src/store/session.rs): the connection to the member that answered last,
-/// kept while calls succeed, and the cursor shared with the session, which
-/// outlives a connection dropped with a failed or abandoned call.
-pub(super) struct Members {
-    reach: Rc<Reach>,
-    cursor: Rc<Cursor>,
-    idle: Option<Conn>,
-    /// The current call's deadline: the hedging interval is a share of
-    /// what is left of it.
-    deadline: Option<Instant>,
-}
-
-impl Members {
-    pub fn new(reach: Rc<Reach>, cursor: Rc<Cursor>) -> Members {
-        Members {
-            reach,
-            cursor,
-            idle: None,
-            deadline: None,
-        }
-    }
-
-    /// The deadline of the call about to be made.
-    pub fn deadline(&mut self, at: Instant) {
-        self.deadline = Some(at);
-    }
-
-    /// Where the next call starts: after the member an abandoned call was
-    /// left waiting on, whose connection went with it.
-    fn start(&mut self) -> usize {
-        if let Some(ep) = self.cursor.out.take() {
-            self.cursor.next.set((ep + 1) % self.reach.endpoints.len());
-            self.idle = None;
-        }
-        self.cursor.next.get()
-    }
-
-    fn member(
-        &self,
-        endpoint: usize,
-        conn: Option<Conn>,
-        tls: Option<tokio_rustls::TlsConnector>,
-    ) -> Member {
-        let (host, port) = self.reach.endpoints[endpoint].clone();
-        Member {
-            endpoint,
-            host,
-            port,
-            tls,
-            conn,
-            user: self.reach.user.clone(),
-            token: self.cursor.token.borrow().clone(),
-        }
-    }
-
-    /// A completed call's member: its token and its connection are kept
-    /// for the next call, which starts there.
-    fn adopt(&mut self, s: Member) {
-        if s.token.is_some() {
-            *self.cursor.token.borrow_mut() = s.token;
-        }
-        self.cursor.next.set(s.endpoint);
-        self.idle = s.conn;
-        self.cursor.out.set(None);
-    }
-
-    /// Every member was asked and none could answer: the next call starts
-    /// after the first one asked.
-    fn none_answered(&mut self, first: usize) -> EtcdError {
-        self.cursor.out.set(None);
-        self.cursor
-            .next
-            .set((first + 1) % self.reach.endpoints.len());
-        EtcdError::Transport("no endpoint".into())
-    }
-
-    /// One POST of `body` to `path`, on whichever member answers first
-    /// (see the module's doc): only for a request that is safe to apply
-    /// more than once.
-    pub async fn rpc(&mut self, path: &str, body: &Value) -> Res<Value> {
-        self.call(&|mut s: Member| async move {
-            let r = s.call(path, body).await;
-            (s, r)
-        })
-        .await
-    }
-
-    /// Run `op`, a step of one or more requests on one member, on the
-    /// members in turn, hedged (see the module's doc): the first to finish
-    /// with a result or an error that is not transient decides. Every
-    /// request in `op` must be safe to apply more than once.
-    pub async fn call<T, F, Fut>(&mut self, op: &F) -> Res<T>
-    where
-        F: Fn(Member) -> Fut,
-        Fut: Future<Output = (Member, Res<T>)>,
-    {
-        let tls = self.reach.tls_connector()?;
-        let n = self.reach.endpoints.len();
-        let first = self.start();
-        let mut idle = self.idle.take();
-        let mut attempts: Vec<Pin<Box<Fut>>> = Vec::with_capacity(n);
-        let (mut started, mut now_please) = (0, true);
-        let mut hedge_at = Instant::now();
-        let mut last = None;
-        loop {
-            let now = Instant::now();
-            if started < n && (now_please || now >= hedge_at) {
-                let ep = (first + started) % n;
-                started += 1;
-                let conn = idle.take().filter(|c| c.endpoint == ep);
-                // Marked before the attempt can block: if this call is
-                // dropped from here on, the next one starts after `ep`.
-                self.cursor.out.set(Some(ep));
-                attempts.push(Box::pin(op(self.member(ep, conn, tls.clone()))));
-                let left = self
-                    .deadline
-                    .map_or(Duration::MAX, |d| d.saturating_duration_since(now));
-                hedge_at = now + hedge(left);
-                now_please = false;
-                continue;
-            }
-            if attempts.is_empty() {
-                let none = self.none_answered(first);
-                return Err(last.unwrap_or(none));
-            }
-            let more = started < n;
-            let mut timer = std::pin::pin!(tokio::time::sleep_until(hedge_at));
-            let done = std::future::poll_fn(|cx| {
-                for (i, a) in attempts.iter_mut().enumerate() {
-                    if let Poll::Ready(r) = a.as_mut().poll(cx) {
-                        return Poll::Ready(Some((i, r)));
-                    }
-                }
-                if more && timer.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(None);
-                }
-                Poll::Pending
-            })
-            .await;
-            let Some((i, (s, r))) = done else { continue };
-            drop(attempts.swap_remove(i));
-            match r {
-                Err(e) if e.is_transient() => {
-                    last = Some(e);
-                    now_please = true;
-                }
-                r => {
-                    // An answer, or an error no other member would change
-                    // (a refused password, a missing permission, a
-                    // certificate): the call is done; the attempts still
-                    // out are dropped, with their connections.
-                    self.adopt(s);
-                    return r;
-                }
-            }
-        }
-    }
-
-    /// A request whose reply is a stream that does not end (a watch): the
-    /// members in turn, each until it fails, from where the last call
-    /// left off. The call stays marked out (see the module's doc) until
-    /// [`Members::settled`], which the watch calls once etcd confirmed it,
-    /// so that a start abandoned while a member hangs moves the next start
-    /// on.
-    pub async fn stream(&mut self, path: &str, body: &Value) -> Res<Conn> {
-        let tls = self.reach.tls_connector()?;
-        let n = self.reach.endpoints.len();
-        let first = self.start();
-        let mut last = None;
-        for k in 0..n {
-            let ep = (first + k) % n;
-            self.cursor.out.set(Some(ep));
-            let mut s = self.member(ep, None, tls.clone());
-            match s.open_stream(path, body).await {
-                Ok(conn) => {
-                    if s.token.is_some() {
-                        *self.cursor.token.borrow_mut() = s.token;
-                    }
-                    self.cursor.next.set(ep);
-                    return Ok(conn);
-                }
-                Err(e) if e.is_transient() => last = Some(e),
-                Err(e) => {
-                    self.cursor.out.set(None);
-                    self.cursor.next.set(ep);
-                    // A token the server no longer knows: the next start
-                    // authenticates anew.
-                    *self.cursor.token.borrow_mut() = None;
-                    return Err(e);
-                }
-            }
-        }
-        let none = self.none_answered(first);
-        Err(last.unwrap_or(none))
-    }
-
-    /// The stream [`Members::stream`] opened is confirmed: its start is no
-    /// longer out.
-    pub fn settled(&mut self) {
-        self.cursor.out.set(None);
-    }
-}
-
-/// One member, for one attempt: its connection (made on first use), and
-/// the auth token as the cursor had it (or as this attempt renewed it).
-pub(super) struct Member {
-    endpoint: usize,
-    host: String,
+/// A connection to `host:port`, with TLS when `tls` says so.
+pub(super) async fn connect(
+    host: &str,
     port: u16,
-    tls: Option<tokio_rustls::TlsConnector>,
-    conn: Option<Conn>,
-    user: Option<(String, String)>,
-    token: Option<String>,
-}
-
-impl Member {
-    /// The member's Raft term in the last reply on this session's
-    /// connection; `None` before the first one (a new connection).
-    pub fn term(&self) -> Option<i64> {
-        self.conn.as_ref().and_then(|c| c.term)
-    }
-
-    /// One POST, authenticating first when the URL names a user and no
-    /// token is held, and once more with a fresh token when the server
-    /// forgot ours (a restart, its TTL).
-    pub async fn call(&mut self, path: &str, body: &Value) -> Res<Value> {
-        if self.user.is_some() && self.token.is_none() {
-            self.authenticate().await?;
-        }
-        match self.post(path, body).await {
-            Err(EtcdError::Status(16, m)) if self.user.is_some() && m.contains("token") => {
-                self.token = None;
-                self.authenticate().await?;
-                self.post(path, body).await
-            }
-            other => other,
-        }
-    }
-
-    /// A fresh token. Safe to repeat: each authentication only hands out
-    /// another token.
-    async fn authenticate(&mut self) -> Res<()> {
-        let Some((name, password)) = self.user.clone() else {
-            return Ok(());
-        };
-        self.token = None;
-        let r = self
-            .post(
-                "/v3/auth/authenticate",
-                &json!({"name": name, "password": password}),
-            )
-            .await?;
-        match r.get("token").and_then(Value::as_str) {
-            Some(t) => {
-                self.token = Some(t.to_string());
-                Ok(())
-            }
-            None => Err(EtcdError::Refused(
-                "etcd returned no auth token (is authentication enabled?)".into(),
-            )),
-        }
-    }
-
-    async fn connect(&mut self) -> Res<Conn> {
-        let (host, port) = (self.host.as_str(), self.port);
-        let tcp = TcpStream::connect((host, port))
-            .await
-            .map_err(|e| EtcdError::Transport(format!("cannot connect to {host}:{port}: {e}")))?;
-        let _ = tcp.set_nodelay(true);
-        let io: Box<dyn Io> = match &self.tls {
-            Some(connector) => {
-                let name = rustls::pki_types::ServerName::try_from(host.to_string())
-                    .map_err(|e| EtcdError::Refused(format!("bad host name {host}: {e}")))?;
-                match connector.connect(name, tcp).await {
-                    Ok(s) => Box::new(s),
-                    // A certificate problem will not heal; say so.
-                    Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                        return Err(EtcdError::Refused(format!(
-                            "TLS with {host}:{port} failed: {e}"
-                        )))
-                    }
-                    // May heal (a member closing while it restarts), but
-                    // also what a member that does not serve TLS does.
-                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                        return Err(EtcdError::Transport(format!(
-                            "TLS with {host}:{port} failed: {e} (does it serve TLS?)"
-                        )))
-                    }
-                    Err(e) => {
-                        return Err(EtcdError::Transport(format!(
-                            "TLS with {host}:{port} failed: {e}"
-                        )))
-                    }
+    tls: Option<&tokio_rustls::TlsConnector>,
+    endpoint: usize,
+) -> Res<Conn> {
+    let tcp = TcpStream::connect((host, port))
+        .await
+        .map_err(|e| EtcdError::Transport(format!("cannot connect to {host}:{port}: {e}")))?;
+    let _ = tcp.set_nodelay(true);
+    let io: Box<dyn Io> = match tls {
+        Some(connector) => {
+            let name = rustls::pki_types::ServerName::try_from(host.to_string())
+                .map_err(|e| EtcdError::Refused(format!("bad host name {host}: {e}")))?;
+            match connector.connect(name, tcp).await {
+                Ok(s) => Box::new(s),
+                // A certificate problem will not heal; say so.
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    return Err(EtcdError::Refused(format!(
+                        "TLS with {host}:{port} failed: {e}"
+                    )))
+                }
+                // May heal (a member closing while it restarts), but
+                // also what a member that does not serve TLS does.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    return Err(EtcdError::Transport(format!(
+                        "TLS with {host}:{port} failed: {e} (does it serve TLS?)"
+                    )))
+                }
+                Err(e) => {
+                    return Err(EtcdError::Transport(format!(
+                        "TLS with {host}:{port} failed: {e}"
+                    )))
                 }
             }
-            None => Box::new(tcp),
+        }
+        None => Box::new(tcp),
+    };
+    Ok(Conn::new(io, endpoint))
+}
+
+/// The client side of TLS: the system's roots (which honour
+/// SSL_CERT_FILE / SSL_CERT_DIR), plus the CA `cacert=` names for a
+/// private cluster.
+pub(super) fn tls_connector(ca_file: Option<&std::path::Path>) -> Res<tokio_rustls::TlsConnector> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = ca_file {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::CertificateDer;
+        let bad = |e: &dyn std::fmt::Display| {
+            EtcdError::Refused(format!("cannot read cacert {}: {e}", path.display()))
         };
-        Ok(Conn {
-            io: BufReader::new(io),
-            endpoint: self.endpoint,
+        for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
+            roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+        }
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+impl Conn {
+    pub fn new(io: Box<dyn Io>, endpoint: usize) -> Conn {
+        Conn {
+            io,
+            buf: Vec::new(),
+            endpoint,
             term: None,
-        })
-    }
-
-    /// The request line and headers of a POST of `len` bytes of JSON.
-    fn head(&self, path: &str, len: usize) -> String {
-        let mut head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\n\
-             Content-Length: {len}\r\n",
-            self.host, self.port
-        );
-        if let Some(t) = &self.token {
-            head.push_str(&format!("Authorization: {t}\r\n"));
         }
-        head.push_str("\r\n");
-        head
     }
 
-    async fn post(&mut self, path: &str, body: &Value) -> Res<Value> {
-        // Taken out for the exchange and put back only once the reply was
-        // read whole: a connection left half-read is never reused.
-        let mut conn = match self.conn.take() {
-            Some(c) => c,
-            None => self.connect().await?,
-        };
-        let payload = body.to_string();
-        let head = self.head(path, payload.len());
-        let exchange = async {
-            let w = conn.io.get_mut();
-            w.write_all(head.as_bytes()).await?;
-            w.write_all(payload.as_bytes()).await?;
-            w.flush().await?;
-            read_response(&mut conn.io).await
-        };
-        let (host, port) = (&self.host, self.port);
-        let (status, body, keep) = exchange.await.map_err(|e| {
-            EtcdError::Transport(format!("connection to {host}:{port} failed: {e}"))
-        })?;
-        let parsed: Option<Value> = serde_json::Deserializer::from_slice(&body)
-            .into_iter::<Value>()
-            .next()
-            .and_then(Result::ok);
-        // A streamed reply (keepalive) wraps its message in `result`, or
-        // carries an `error` object instead.
-        let (v, err) = match parsed {
-            Some(Value::Object(mut m)) => {
-                if let Some(r) = m.remove("result") {
-                    (r, None)
-                } else if let Some(Value::Object(e)) = m.remove("error") {
-                    (Value::Null, Some(Value::Object(e)))
-                } else if m.contains_key("code") && (status != 200 || m.contains_key("message")) {
-                    (Value::Null, Some(Value::Object(m)))
-                } else {
-                    (Value::Object(m), None)
-                }
+    /// Send a request: its head, then its body.
+    pub async fn send(&mut self, head: &str, body: &[u8]) -> io::Result<()> {
+        self.io.write_all(head.as_bytes()).await?;
+        self.io.write_all(body).await?;
+        self.io.flush().await
+    }
+
+    /// A whole reply: status, body and whether the connection may be
+    /// reused. Handles `Content-Length` and chunked bodies (the gateway
+    /// streams keepalive replies, with a trailer).
+    pub async fn read_response(&mut self) -> io::Result<(u16, Vec<u8>, bool)> {
+        let head = self.read_head().await?;
+        let mut keep = head.keep;
+        let body = if head.chunked {
+            let mut body = Vec::new();
+            while let Some(chunk) = self.next_chunk(MAX_BODY - body.len()).await? {
+                body.extend_from_slice(&chunk);
             }
-            _ => (Value::Null, None),
-        };
-        if let Some(t) = v
-            .get("header")
-            .map(|h| int(h, "raft_term"))
-            .filter(|t| *t > 0)
-        {
-            conn.term = Some(t);
-        }
-        if keep && err.is_none() {
-            self.conn = Some(conn);
-        }
-        if let Some(e) = err {
-            let code = match int(&e, "code") {
-                0 => int(&e, "grpc_code"),
-                c => c,
-            };
-            let msg = e
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("etcd error")
-                .to_string();
-            return Err(EtcdError::Status(code, msg));
-        }
-        if status != 200 || v.is_null() {
-            let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-            let e = format!("HTTP {status} from {host}:{port}: {text}");
-            return Err(if status >= 500 || status == 0 {
-                EtcdError::Transport(e)
-            } else {
-                EtcdError::Refused(e)
-            });
-        }
-        Ok(v)
-    }
-
-    /// Send a request whose reply streams; its connection once the reply's
-    /// head says the stream is there (status 200, chunked).
-    async fn open_stream(&mut self, path: &str, body: &Value) -> Res<Conn> {
-        if self.user.is_some() && self.token.is_none() {
-            self.authenticate().await?;
-        }
-        let mut conn = match self.conn.take() {
-            Some(c) => c,
-            None => self.connect().await?,
-        };
-        let payload = body.to_string();
-        let head = self.head(path, payload.len());
-        let (host, port) = (&self.host, self.port);
-        let broke = |e: std::io::Error| {
-            EtcdError::Transport(format!("connection to {host}:{port} failed: {e}"))
-        };
-        let w = conn.io.get_mut();
-        w.write_all(head.as_bytes()).await.map_err(broke)?;
-        w.write_all(payload.as_bytes()).await.map_err(broke)?;
-        w.flush().await.map_err(broke)?;
-        let (status, chunked) = read_head(&mut conn.io).await.map_err(broke)?;
-        if status != 200 {
-            // An expired token, most likely (the caller forgets it).
-            return Err(EtcdError::Refused(format!(
-                "{path} was refused by {host}:{port} (HTTP {status})"
-            )));
-        }
-        if !chunked {
-            return Err(EtcdError::Refused(format!(
-                "the reply to {path} from {host}:{port} is not a stream"
-            )));
-        }
-        Ok(conn)
-    }
-}
-
-/// An int64 field: the gateway writes them as strings and leaves out zeros.
-pub(super) fn int(v: &Value, key: &str) -> i64 {
-    match v.get(key) {
-        Some(Value::String(s)) => s.parse().unwrap_or(0),
-        Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
-        _ => 0,
-    }
-}
-
-/// The status line and headers: the status, whether the body is chunked,
-/// its `Content-Length`, and whether the connection may be reused.
-async fn read_headers(
-    io: &mut BufReader<Box<dyn Io>>,
-) -> std::io::Result<(u16, bool, Option<usize>, bool)> {
-    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-    let mut line = String::new();
-    if io.read_line(&mut line).await? == 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "connection closed",
-        ));
-    }
-    let status: u16 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("not an HTTP reply"))?;
-    let (mut length, mut chunked, mut keep) = (None, false, true);
-    loop {
-        line.clear();
-        if io.read_line(&mut line).await? == 0 {
-            return Err(bad("reply ended in its headers"));
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            let (k, v) = (k.trim(), v.trim());
-            if k.eq_ignore_ascii_case("content-length") {
-                length = Some(v.parse::<usize>().map_err(|_| bad("bad Content-Length"))?);
-            } else if k.eq_ignore_ascii_case("transfer-encoding") {
-                chunked = v.to_ascii_lowercase().contains("chunked");
-            } else if k.eq_ignore_ascii_case("connection") {
-                keep = !v.eq_ignore_ascii_case("close");
-            }
-        }
-    }
-    Ok((status, chunked, length, keep))
-}
-
-/// The head of a streamed reply: its status and whether it is chunked.
-pub(super) async fn read_head(io: &mut BufReader<Box<dyn Io>>) -> std::io::Result<(u16, bool)> {
-    let (status, chunked, _, _) = read_headers(io).await?;
-    Ok((status, chunked))
-}
-
-/// Status, body and whether the connection may be reused. Handles
-/// `Content-Length` and chunked bodies (the gateway streams keepalive
-/// replies, with a trailer).
-async fn read_response(io: &mut BufReader<Box<dyn Io>>) -> std::io::Result<(u16, Vec<u8>, bool)> {
-    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-    let (status, chunked, length, mut keep) = read_headers(io).await?;
-    let mut line = String::new();
-    let mut body = Vec::new();
-    if chunked {
-        loop {
-            line.clear();
-            io.read_line(&mut line).await?;
-            let size = line.trim_end().split(';').next().unwrap_or("");
-            let size = usize::from_str_radix(size.trim(), 16).map_err(|_| bad("bad chunk size"))?;
-            if size == 0 {
-                // Trailers, up to an empty line.
-                loop {
-                    line.clear();
-                    if io.read_line(&mut line).await? == 0 || line.trim_end().is_empty() {
-                        break;
-                    }
-                }
-                break;
-            }
-            if body.len() + size > MAX_BODY {
+            body
+        } else if let Some(n) = head.length {
+            if n > MAX_BODY {
                 return Err(bad("reply too large"));
             }
-            let start = body.len();
-            body.resize(start + size, 0);
-            io.read_exact(&mut body[start..]).await?;
-            let mut crlf = [0u8; 2];
-            io.read_exact(&mut crlf).await?;
-        }
-    } else if let Some(n) = length {
-        if n > MAX_BODY {
-            return Err(bad("reply too large"));
-        }
-        body.resize(n, 0);
-        io.read_exact(&mut body).await?;
-    } else {
-        // Neither: the body runs to the end of the connection.
-        io.take(MAX_BODY as u64).read_to_end(&mut body).await?;
-        keep = false;
+            self.take(n).await?
+        } else {
+            // Neither: the body runs to the end of the connection.
+            keep = false;
+            let mut body = std::mem::take(&mut self.buf);
+            if body.len() > MAX_BODY {
+                return Err(bad("reply too large"));
+            }
+            let room = (MAX_BODY - body.len()) as u64;
+            (&mut self.io).take(room + 1).read_to_end(&mut body).await?;
+            if body.len() > MAX_BODY {
+                return Err(bad("reply too large"));
+            }
+            body
+        };
+        Ok((head.status, body, keep))
     }
-    Ok((status, body, keep))
+
+    /// The status line and headers, parsed once they are all in (at most
+    /// [`MAX_HEAD`] bytes, [`MAX_HEADERS`] headers).
+    pub async fn read_head(&mut self) -> io::Result<Head> {
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut reply = httparse::Response::new(&mut headers);
+            let used = match reply.parse(&self.buf) {
+                Ok(Status::Complete(used)) => used,
+                Ok(Status::Partial) if self.buf.len() >= MAX_HEAD => {
+                    return Err(bad("reply head too long"))
+                }
+                Ok(Status::Partial) => {
+                    self.fill().await?;
+                    continue;
+                }
+                Err(httparse::Error::TooManyHeaders) => return Err(bad("too many headers")),
+                Err(e) => return Err(bad(&format!("not an HTTP reply ({e})"))),
+            };
+            if used > MAX_HEAD {
+                return Err(bad("reply head too long"));
+            }
+            let status = reply.code.ok_or_else(|| bad("no status"))?;
+            let mut head = Head {
+                status,
+                chunked: false,
+                length: None,
+                keep: true,
+            };
+            for h in reply.headers.iter() {
+                let value =
+                    std::str::from_utf8(h.value).map_err(|_| bad("a header is not text"))?;
+                let value = value.trim();
+                if h.name.eq_ignore_ascii_case("content-length") {
+                    let n = value.parse().map_err(|_| bad("bad Content-Length"))?;
+                    head.length = Some(n);
+                } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                    head.chunked = value.to_ascii_lowercase().contains("chunked");
+                } else if h.name.eq_ignore_ascii_case("connection") {
+                    head.keep = !value.eq_ignore_ascii_case("close");
+                }
+            }
+            self.buf.drain(..used);
+            return Ok(head);
+        }
+    }
+
+    /// The next chunk of a chunked body, at most `room` bytes; `None` after
+    /// the last one (its trailers read too).
+    pub async fn next_chunk(&mut self, room: usize) -> io::Result<Option<Vec<u8>>> {
+        let size = loop {
+            match httparse::parse_chunk_size(&self.buf) {
+                Ok(Status::Complete((used, size))) => {
+                    self.buf.drain(..used);
+                    break size;
+                }
+                Ok(Status::Partial) if self.buf.len() > MAX_LINE => {
+                    return Err(bad("chunk size line too long"))
+                }
+                Ok(Status::Partial) => self.fill().await?,
+                Err(_) => return Err(bad("bad chunk size")),
+            }
+        };
+        if size == 0 {
+            self.skip_trailers().await?;
+            return Ok(None);
+        }
+        let size = usize::try_from(size)
+            .ok()
+            .filter(|n| *n <= room)
+            .ok_or_else(|| bad("reply too large"))?;
+        let chunk = self.take(size).await?;
+        if self.take(2).await? != b"\r\n" {
+            return Err(bad("a chunk does not end its line"));
+        }
+        Ok(Some(chunk))
+    }
+
+    /// Trailer lines after the last chunk, up to an empty one.
+    async fn skip_trailers(&mut self) -> io::Result<()> {
+        for _ in 0..=MAX_HEADERS {
+            let end = loop {
+                match self.buf.windows(2).position(|w| w == b"\r\n") {
+                    Some(i) => break i,
+                    None if self.buf.len() > MAX_LINE => return Err(bad("trailer too long")),
+                    None => self.fill().await?,
+                }
+            };
+            self.buf.drain(..end + 2);
+            if end == 0 {
+                return Ok(());
+            }
+        }
+        Err(bad("too many trailers"))
+    }
+
+    /// The next `n` bytes, read as they arrive.
+    async fn take(&mut self, n: usize) -> io::Result<Vec<u8>> {
+        while self.buf.len() < n {
+            self.fill().await?;
+        }
+        let rest = self.buf.split_off(n);
+        Ok(std::mem::replace(&mut self.buf, rest))
+    }
+
+    /// Read what the socket has (up to [`READ`] bytes); the end of the
+    /// connection is an error here, as every caller expects more.
+    async fn fill(&mut self) -> io::Result<()> {
+        let mut chunk = [0u8; READ];
+        let n = self.io.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            ));
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::net::TcpListener;
+    use tokio::io::AsyncWriteExt;
 
-    /// A member that accepts connections and never answers (frozen).
-    async fn silent() -> u16 {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = l.local_addr().unwrap().port();
+    /// A connection whose member sends `reply` (then `endless` for ever,
+    /// if given) and nothing else.
+    fn replying(reply: &'static [u8], endless: Option<&'static [u8]>) -> Conn {
+        let (ours, mut theirs) = tokio::io::duplex(64 << 10);
         tokio::spawn(async move {
-            let mut kept = Vec::new();
-            while let Ok((c, _)) = l.accept().await {
-                kept.push(c);
+            if theirs.write_all(reply).await.is_err() {
+                return;
+            }
+            if let Some(more) = endless {
+                while theirs.write_all(more).await.is_ok() {}
             }
         });
-        port
+        Conn::new(Box::new(ours), 0)
     }
 
-    /// A member that answers every POST with an empty JSON reply at once.
-    async fn answering() -> u16 {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = l.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            while let Ok((c, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let mut io = BufReader::new(c);
-                    loop {
-                        let mut len = 0;
-                        let mut line = String::new();
-                        loop {
-                            line.clear();
-                            if io.read_line(&mut line).await.unwrap_or(0) == 0 {
-                                return;
-                            }
-                            if line == "\r\n" {
-                                break;
-                            }
-                            if let Some(v) = line.strip_prefix("Content-Length: ") {
-                                len = v.trim().parse().unwrap();
-                            }
-                        }
-                        let mut body = vec![0; len];
-                        io.read_exact(&mut body).await.unwrap();
-                        let reply = r#"{"header":{"raft_term":"2"}}"#;
-                        let head =
-                            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", reply.len());
-                        let w = io.get_mut();
-                        w.write_all(head.as_bytes()).await.unwrap();
-                        w.write_all(reply.as_bytes()).await.unwrap();
-                    }
-                });
-            }
-        });
-        port
-    }
-
-    fn client(ports: &[u16]) -> Members {
-        let eps = ports
-            .iter()
-            .map(|p| ("127.0.0.1".to_string(), *p))
-            .collect();
-        Members::new(Rc::new(Reach::new(eps, false, None, None)), Rc::default())
-    }
-
-    /// A frozen member listed first costs one hedge, not the call: the
-    /// second member is asked a quarter of the way in and answers; the
-    /// next call starts there.
     #[tokio::test]
-    async fn a_silent_member_is_hedged_within_the_call() {
-        let mut c = client(&[silent().await, answering().await]);
-        let t0 = Instant::now();
-        c.deadline(t0 + Duration::from_millis(400));
-        let body = json!({});
-        let call = c.rpc("/v3/kv/range", &body);
-        let r = tokio::time::timeout(Duration::from_secs(1), call).await;
-        r.expect("in time").expect("answered");
-        let took = t0.elapsed();
-        assert!(took >= Duration::from_millis(100), "{took:?}");
-        assert!(took < Duration::from_millis(400), "{took:?}");
-        let t0 = Instant::now();
-        c.deadline(t0 + Duration::from_millis(400));
-        c.rpc("/v3/kv/range", &json!({})).await.expect("answered");
-        assert!(
-            t0.elapsed() < Duration::from_millis(100),
-            "{:?}",
-            t0.elapsed()
+    async fn a_reply_is_read_by_its_length_or_its_chunks() {
+        let mut c = replying(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", None);
+        let (status, body, keep) = c.read_response().await.expect("read");
+        assert_eq!((status, body.as_slice(), keep), (200, &b"{}"[..], true));
+        let mut c = replying(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+              3;x=y\r\n{\"a\r\n5\r\n\":1}\n\r\n0\r\nGrpc-Trailer: z\r\n\r\n",
+            None,
         );
+        let (_, body, _) = c.read_response().await.expect("read");
+        assert_eq!(body, b"{\"a\":1}\n");
     }
 
-    /// A call dropped while it waits on a frozen member (the elector's
-    /// deadline) moves the next call to the next member, which then
-    /// answers before any hedge.
+    /// What a misbehaving endpoint can send ends the read with an error,
+    /// quickly and holding little: the reader never holds more than the
+    /// bound plus one read.
     #[tokio::test]
-    async fn an_abandoned_call_moves_the_next_one_on() {
-        let mut c = client(&[silent().await, answering().await]);
-        c.deadline(Instant::now() + Duration::from_secs(10));
-        let dropped =
-            tokio::time::timeout(Duration::from_millis(50), c.rpc("/v3/kv/range", &json!({})))
-                .await;
-        assert!(dropped.is_err(), "the silent member answered");
-        let t0 = Instant::now();
-        c.deadline(t0 + Duration::from_secs(10));
-        c.rpc("/v3/kv/range", &json!({})).await.expect("answered");
-        // A hedge would come only after 500 ms.
-        assert!(
-            t0.elapsed() < Duration::from_millis(250),
-            "{:?}",
-            t0.elapsed()
+    async fn a_misbehaving_endpoint_is_cut_off_within_bounds() {
+        // What it is, what the member sends, then sends again for ever.
+        type Case = (&'static str, &'static [u8], Option<&'static [u8]>);
+        let cases: [Case; 5] = [
+            (
+                "an endless status line",
+                b"HTTP/1.1 200 ",
+                Some(b"OKOKOKOK"),
+            ),
+            (
+                "an endless header line",
+                b"HTTP/1.1 200 OK\r\nX-Long: ",
+                Some(b"aaaaaaaa"),
+            ),
+            (
+                "headers without end",
+                b"HTTP/1.1 200 OK\r\n",
+                Some(b"X-A: b\r\n"),
+            ),
+            (
+                "a huge chunk size",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffff\r\n",
+                Some(b"xxxxxxxx"),
+            ),
+            (
+                "an endless chunk-size line",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1",
+                Some(b"00000000"),
+            ),
+        ];
+        for (what, reply, endless) in cases {
+            let mut c = replying(reply, endless);
+            let r = tokio::time::timeout(std::time::Duration::from_secs(5), c.read_response())
+                .await
+                .unwrap_or_else(|_| panic!("{what}: still reading"));
+            let e = r.err().unwrap_or_else(|| panic!("{what}: accepted"));
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{what}: {e}");
+            assert!(
+                c.buf.capacity() <= MAX_HEAD + 2 * READ,
+                "{what}: held {}",
+                c.buf.capacity()
+            );
+        }
+        // A declared length beyond the bound is refused before any of it.
+        let mut c = replying(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\n",
+            None,
         );
-    }
-
-    #[test]
-    fn hedging_leaves_room_for_the_next_members() {
-        let ms = Duration::from_millis;
-        // A renewal at --lease 3s gets 500 ms: the second member is asked
-        // after 125 ms, well inside the call.
-        assert_eq!(hedge(ms(500)), ms(125));
-        assert_eq!(hedge(ms(50)), ms(12) + Duration::from_micros(500));
-        assert_eq!(hedge(ms(10)), ms(10));
-        assert_eq!(hedge(Duration::from_secs(10)), ms(500));
-        assert_eq!(hedge(Duration::ZERO), ms(10));
+        let e = c.read_response().await.expect_err("refused");
+        assert!(e.to_string().contains("too large"), "{e}");
     }
 }

@@ -7,9 +7,10 @@
 //! gateway, `/v3/...`; 3.4 also answers on the older `/v3beta/`, which 3.5
 //! dropped, so `/v3/` is the one that works on both). The calls needed here
 //! are a handful of request/response POSTs on keep-alive connections, so
-//! the client (http.rs) is a small one over tokio (and
-//! tokio-rustls for `etcds://`, both already built for the Redis store),
-//! not a new stack.
+//! the client is a small one over tokio (and tokio-rustls for `etcds://`):
+//! http.rs speaks HTTP/1.1 to one member, parsing with `httparse` within
+//! fixed bounds; members.rs spreads a call over the members; api.rs reads
+//! the replies into typed structs.
 //!
 //! For lease `NAME`:
 //!
@@ -37,7 +38,7 @@
 //!
 //! Several endpoints (`etcd://a:2379,b:2379`): a member that refuses, fails
 //! or hangs is passed over within the call, and a call abandoned at its
-//! deadline moves the next one to another member (http.rs).
+//! deadline moves the next one to another member (members.rs).
 //! Everything sent that way may reach etcd more than once, so every write
 //! here is one that is safe to apply twice; each says why, next to it.
 //! Every request is linearizable (no `serializable` reads), so any member
@@ -70,11 +71,12 @@ use super::{
 
 mod api;
 mod http;
+mod members;
 mod url;
 pub(crate) mod wake;
 
 use self::api::*;
-use self::http::{int, Cursor, EtcdError, Member, Members, Reach, Res};
+use self::members::{Cursor, EtcdError, Member, Members, Reach, Res};
 use self::url::from_url;
 
 pub struct EtcdStore {
@@ -105,7 +107,7 @@ impl Connect for Cluster {
     }
 
     /// Nothing to wait for: each request connects to a member when it
-    /// needs one (http.rs).
+    /// needs one (members.rs).
     async fn connect(&mut self, _deadline: Instant) -> Result<Members, StoreError> {
         Ok(Members::new(self.reach.clone(), self.cursor.clone()))
     }
@@ -211,19 +213,19 @@ async fn renew_on(s: &mut Member, lk: &str, value: &str, id: i64) -> Res<bool> {
             .await
         {
             Err(e) if e.is_not_found() => return Ok(false),
-            r => r?,
+            r => reply::<KeepAlive>(r?)?,
         };
         // TTL 0: etcd no longer has the lease (revoked or expired).
-        if int(&r, "TTL") <= 0 {
+        if r.ttl <= 0 {
             return Ok(false);
         }
         let during = s.term();
         // The etcd lease lives; is the key on it still ours? (`leaderrun
         // release` deletes the key and revokes the lease, but either step
         // alone must also count as a loss.)
-        let r = s.call("/v3/kv/range", &read).await?;
+        let r: Range = reply(s.call("/v3/kv/range", &read).await?)?;
         if before == during && during == s.term() {
-            let kv = kvs(&r)?.pop();
+            let kv = r.kvs.into_iter().next();
             return Ok(kv.is_some_and(|kv| kv.value == value && kv.lease == id));
         }
         // The term moved under the renewal: whose table it renewed is not
@@ -235,14 +237,11 @@ async fn renew_on(s: &mut Member, lk: &str, value: &str, id: i64) -> Res<bool> {
 }
 
 /// The store's operations as requests to the cluster's members (each safe
-/// to send more than once, see http.rs).
+/// to send more than once, see members.rs).
 impl Members {
-    async fn txn(&mut self, compare: Value, success: Value, failure: Value) -> Res<Value> {
-        self.rpc(
-            "/v3/kv/txn",
-            &json!({"compare": compare, "success": success, "failure": failure}),
-        )
-        .await
+    async fn txn(&mut self, compare: Value, success: Value, failure: Value) -> Res<Txn> {
+        let body = json!({"compare": compare, "success": success, "failure": failure});
+        reply(self.rpc("/v3/kv/txn", &body).await?)
     }
 
     async fn revoke(&mut self, id: i64) -> Res<()> {
@@ -257,10 +256,9 @@ impl Members {
 
     /// Seconds left on an etcd lease; -1 when it is gone.
     async fn ttl_left(&mut self, id: i64) -> Res<i64> {
-        let r = self
-            .rpc("/v3/lease/timetolive", &json!({"ID": id.to_string()}))
-            .await?;
-        Ok(int(&r, "TTL"))
+        let body = json!({"ID": id.to_string()});
+        let r: TimeToLive = reply(self.rpc("/v3/lease/timetolive", &body).await?)?;
+        Ok(r.ttl)
     }
 
     /// A lease of `ttl` whole seconds, exactly, under the ID `id`, or a
@@ -268,28 +266,29 @@ impl Members {
     ///
     /// The ID is ours ([`fresh_lease_id`]) rather than etcd's, so that the
     /// grant can be repeated: a copy sent to a second member while the
-    /// first hangs (http.rs), or an attempt whose reply
+    /// first hangs (members.rs), or an attempt whose reply
     /// was lost, is told "lease already exists", which here means granted.
     /// With an ID etcd picked, every repeat would leave a lease behind, and
     /// one whose reply was lost could not even be revoked.
     async fn grant(&mut self, ttl: i64, id: i64) -> Res<()> {
         let body = json!({"TTL": ttl.to_string(), "ID": id.to_string()});
         let granted = match self.rpc("/v3/lease/grant", &body).await {
-            Ok(r) if int(&r, "ID") == id => int(&r, "TTL"),
-            Ok(r) => {
-                return Err(EtcdError::Refused(format!(
-                    "etcd granted no lease: {}",
-                    r.get("error").and_then(Value::as_str).unwrap_or("")
-                )))
-            }
+            Ok(r) => match reply::<Grant>(r)? {
+                g if g.id == id => g.ttl,
+                g => {
+                    return Err(EtcdError::Refused(format!(
+                        "etcd granted no lease: {}",
+                        g.error
+                    )))
+                }
+            },
             // Granted by an earlier copy of this request. (Another client
             // choosing the same random 63-bit ID is not a case worth a
             // branch.)
             Err(e) if e.is_exists() => {
-                let r = self
-                    .rpc("/v3/lease/timetolive", &json!({"ID": id.to_string()}))
-                    .await?;
-                match int(&r, "grantedTTL") {
+                let body = json!({"ID": id.to_string()});
+                let r: TimeToLive = reply(self.rpc("/v3/lease/timetolive", &body).await?)?;
+                match r.granted_ttl {
                     // Gone again already (revoked, or a call slower than
                     // the TTL): not a minimum to report.
                     0 => {
@@ -321,8 +320,8 @@ impl Members {
                 json!([]),
             )
             .await?;
-        let lease = kvs(txn_part(&r, 0, "response_range")?)?.pop();
-        let epoch = kvs(txn_part(&r, 1, "response_range")?)?.pop();
+        let lease = r.range(0)?.kvs.first().cloned();
+        let epoch = r.range(1)?.kvs.first().cloned();
         Ok((lease, epoch))
     }
 
@@ -377,7 +376,7 @@ impl Members {
             };
             let epoch = current + 1;
             let value = lease_value(epoch, holder);
-            // Safe to send to several members (http.rs):
+            // Safe to send to several members (members.rs):
             // every copy compares the counter's mod_revision with the one
             // read, and the first copy applied changes it, so at most one
             // copy puts anything. A copy applied after another one (or
@@ -406,9 +405,8 @@ impl Members {
                 }
                 r => r?,
             };
-            let ours = r.get("succeeded").and_then(Value::as_bool) == Some(true) || {
-                let now = kvs(txn_part(&r, 0, "response_range")?)?;
-                match now.first() {
+            let ours = r.succeeded || {
+                match r.range(0)?.kvs.first() {
                     Some(kv) if kv.value == value && kv.lease == lease_id => true,
                     Some(_) => return Ok(None),
                     None => false,
@@ -486,7 +484,7 @@ impl Members {
                     json!([]),
                 )
                 .await?;
-            let done = r.get("succeeded").and_then(Value::as_bool) == Some(true);
+            let done = r.succeeded;
             // Revoked whatever the delete found: our etcd lease holds
             // nothing of anyone else's, and a copy of the delete that was
             // applied first (its reply lost) leaves this one finding
@@ -514,7 +512,7 @@ impl Members {
                 json!([]),
             )
             .await?;
-        let done = r.get("succeeded").and_then(Value::as_bool) == Some(true);
+        let done = r.succeeded;
         let _ = self.revoke(if done { old } else { new }).await;
         Ok(done)
     }
@@ -570,11 +568,14 @@ impl Members {
                 json!([]),
             )
             .await?;
-        let mut leases: HashMap<String, Kv> = kvs(txn_part(&r, 0, "response_range")?)?
-            .into_iter()
+        let mut leases: HashMap<String, Kv> = r
+            .range(0)?
+            .kvs
+            .iter()
+            .cloned()
             .filter_map(|kv| Some((kv.key.strip_prefix(LEASE_PREFIX)?.to_string(), kv)))
             .collect();
-        let mut counters: Vec<Kv> = kvs(txn_part(&r, 1, "response_range")?)?;
+        let mut counters: Vec<Kv> = r.range(1)?.kvs.clone();
         counters.sort_by(|a, b| a.key.cmp(&b.key));
         let mut out = Vec::new();
         for c in counters {
@@ -611,9 +612,7 @@ impl Members {
         // A key still there (or back) has changed hands since the read;
         // gone, it went by this delete (a copy of it whose reply was lost)
         // or ended at that moment by itself: free either way.
-        if r.get("succeeded").and_then(Value::as_bool) != Some(true)
-            && !kvs(txn_part(&r, 0, "response_range")?)?.is_empty()
-        {
+        if !r.succeeded && !r.range(0)?.kvs.is_empty() {
             return Ok(None);
         }
         // Revoked too, so the old holder's next keepalive fails at once.
@@ -725,19 +724,12 @@ impl Backend for EtcdStore {
     /// voting members has it in its log on disk, so no failover loses it.
     /// Learners (non-voting members) do not count towards that majority.
     async fn replication(&mut self, timeout: Duration) -> Result<Replication, StoreError> {
-        let list = self
+        let list: MemberList = self
             .call(timeout, "cannot read", async |m| {
-                m.rpc("/v3/cluster/member/list", &json!({})).await
+                reply(m.rpc("/v3/cluster/member/list", &json!({})).await?)
             })
             .await?;
-        let voters = list
-            .get("members")
-            .and_then(Value::as_array)
-            .map_or(0, |m| {
-                m.iter()
-                    .filter(|m| m.get("isLearner").and_then(Value::as_bool) != Some(true))
-                    .count()
-            });
+        let voters = list.members.iter().filter(|m| !m.is_learner).count();
         let detail = match voters {
             0 => "Raft, members not listed".to_string(),
             1 => "Raft, 1 voting member (a write is acknowledged once it is on its disk)".into(),
@@ -799,12 +791,5 @@ mod tests {
         assert_eq!(ttl_secs(Duration::from_millis(1001)), 2);
         assert_eq!(ttl_secs(Duration::from_secs(15)), 15);
         assert_eq!(ttl_secs(Duration::ZERO), 1);
-    }
-
-    #[test]
-    fn prefix_ranges() {
-        assert_eq!(prefix_end("leaderrun/epoch/"), "leaderrun/epoch0");
-        assert_eq!(split_value("12:host:1:x"), Some((12, "host:1:x")));
-        assert_eq!(split_value("x:host"), None);
     }
 }

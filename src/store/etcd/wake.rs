@@ -19,10 +19,11 @@
 //! before an attempt only causes one extra attempt.
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use tokio::sync::mpsc;
 
-use super::http::{Conn, EtcdError, Members, MAX_BODY};
+use super::api::{reply, WatchMessage};
+use super::http::{Conn, MAX_BODY};
+use super::members::{EtcdError, Members};
 use super::{b64, lease_key, StoreError};
 use crate::store::wake::Wakeups;
 
@@ -135,36 +136,20 @@ impl Wakeups for EtcdWakeups {
 }
 
 /// Read chunks, split them into JSON messages, pass on what matters. Returns
-/// when the stream ends, breaks, or nobody listens any more.
+/// when the stream ends, breaks, or nobody listens any more. Messages are
+/// held at most [`MAX_BODY`] bytes at a time (http.rs bounds the rest).
 async fn pump(mut conn: Conn, tx: mpsc::UnboundedSender<Msg>) -> std::io::Result<()> {
     let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-    let mut line = String::new();
     let mut buf: Vec<u8> = Vec::new();
-    loop {
-        line.clear();
-        if conn.io.read_line(&mut line).await? == 0 {
-            return Ok(());
-        }
-        let size = line.trim_end().split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size, 16).map_err(|_| bad("bad chunk size"))?;
-        if size == 0 {
-            return Ok(());
-        }
-        if buf.len() + size > MAX_BODY {
-            return Err(bad("message too large"));
-        }
-        let start = buf.len();
-        buf.resize(start + size, 0);
-        conn.io.read_exact(&mut buf[start..]).await?;
-        let mut crlf = [0u8; 2];
-        conn.io.read_exact(&mut crlf).await?;
+    while let Some(chunk) = conn.next_chunk(MAX_BODY - buf.len()).await? {
+        buf.extend_from_slice(&chunk);
         let mut msgs = serde_json::Deserializer::from_slice(&buf).into_iter::<Value>();
         let mut used = 0;
         while let Some(m) = msgs.next() {
             match m {
                 Ok(v) => {
                     used = msgs.byte_offset();
-                    for msg in meaning(&v)? {
+                    for msg in meaning(v)? {
                         if tx.send(msg).is_err() {
                             return Ok(());
                         }
@@ -176,33 +161,28 @@ async fn pump(mut conn: Conn, tx: mpsc::UnboundedSender<Msg>) -> std::io::Result
         }
         buf.drain(..used);
     }
+    Ok(())
 }
 
 /// What one watch message says: created, deletions, or (an error, a
-/// cancelled watch) the end of the stream.
-fn meaning(v: &Value) -> std::io::Result<Vec<Msg>> {
+/// cancelled watch, a message that is not one) the end of the stream.
+fn meaning(mut v: Value) -> std::io::Result<Vec<Msg>> {
     let end = |m: &str| std::io::Error::other(m.to_string());
     if v.get("error").is_some() {
         return Err(end("the watch failed"));
     }
-    let Some(r) = v.get("result") else {
+    let Some(r) = v.get_mut("result").map(Value::take) else {
         return Ok(Vec::new());
     };
-    if r.get("canceled").and_then(Value::as_bool) == Some(true) {
+    let r: WatchMessage = reply(r).map_err(|e| end(&e.to_string()))?;
+    if r.canceled {
         return Err(end("the watch was cancelled"));
     }
     let mut out = Vec::new();
-    if r.get("created").and_then(Value::as_bool) == Some(true) {
+    if r.created {
         out.push(Msg::Created);
     }
-    let deleted = r
-        .get("events")
-        .and_then(Value::as_array)
-        .is_some_and(|evs| {
-            evs.iter()
-                .any(|e| e.get("type").and_then(Value::as_str) == Some("DELETE"))
-        });
-    if deleted {
+    if r.events.iter().any(|e| e.kind == "DELETE") {
         out.push(Msg::Deleted);
     }
     Ok(out)
@@ -215,12 +195,13 @@ mod tests {
     #[test]
     fn messages_are_read_for_creation_and_deletions_only() {
         let created = json!({"result": {"header": {"revision": "5"}, "created": true}});
-        assert!(matches!(meaning(&created).unwrap()[..], [Msg::Created]));
+        assert!(matches!(meaning(created).unwrap()[..], [Msg::Created]));
         let deleted = json!({"result": {"events": [{"type": "DELETE", "kv": {"key": "eA=="}}]}});
-        assert!(matches!(meaning(&deleted).unwrap()[..], [Msg::Deleted]));
+        assert!(matches!(meaning(deleted).unwrap()[..], [Msg::Deleted]));
         let put = json!({"result": {"events": [{"kv": {"key": "eA=="}}]}});
-        assert!(meaning(&put).unwrap().is_empty());
-        assert!(meaning(&json!({"result": {"canceled": true}})).is_err());
-        assert!(meaning(&json!({"error": {"code": 14}})).is_err());
+        assert!(meaning(put).unwrap().is_empty());
+        assert!(meaning(json!({"result": {"canceled": true}})).is_err());
+        assert!(meaning(json!({"error": {"code": 14}})).is_err());
+        assert!(meaning(json!({"result": {"created": "yes"}})).is_err());
     }
 }
