@@ -1,4 +1,8 @@
-//! The Postgres store's semantics against a real, throwaway Postgres.
+//! What the Postgres store does beyond the contract (tests/conformance.rs
+//! checks that against every store), against real, throwaway Postgres
+//! servers: a blackholed connection, a table it may not create, a table
+//! made by an older release, leases from another timeline, commits that
+//! came back with a warning, and libpq's host lists.
 
 use std::time::{Duration, Instant};
 

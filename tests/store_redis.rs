@@ -1,5 +1,9 @@
-//! The Redis store's semantics against a real, throwaway `redis-server`, and
-//! the `leaderrun` binary end to end on it.
+//! What the Redis store does beyond the contract (tests/conformance.rs
+//! checks that against every store), against real, throwaway
+//! `redis-server`s: flushed scripts, the epoch counter, ACL refusals, a
+//! blackholed or frozen server, `?replicas=N`, a primary that restarted or
+//! changed history, what `status` and the run's warning say, TLS, the
+//! documented ACL, and the `leaderrun` binary end to end on it.
 
 use std::time::{Duration, Instant};
 
@@ -72,24 +76,18 @@ fn the_epoch_counter_never_expires_and_other_keys_are_not_listed() {
     });
 }
 
+/// No password where one is needed (NOAUTH) and an ACL user that may not
+/// run scripts (NOPERM) will not heal either, and say so in Redis's words.
+/// (A wrong password and a dead server are the conformance suite's.)
 #[test]
-fn dead_server_and_wrong_password_are_told_apart() {
+fn no_password_or_no_permission_will_not_heal() {
     let r = Redis::start();
     rt().block_on(async {
-        let url = format!("redis://:Wr0ngSecret@127.0.0.1:{}/0", r.port);
-        let err = lock(&url, "n", "a").acquire(L, T).await.unwrap_err();
-        let msg = err.to_string();
-        assert!(!err.may_heal(), "{err:?}");
-        assert!(msg.contains("authentication failed"), "{msg}");
-        assert!(!msg.contains("Wr0ngSecret"), "password echoed: {msg}");
-        assert!(msg.contains("redis://:***@"), "{msg}");
-
         let url = format!("redis://127.0.0.1:{}/0", r.port);
         let err = lock(&url, "n", "a").acquire(L, T).await.unwrap_err();
         assert!(!err.may_heal(), "no password: {err:?}");
         assert!(err.to_string().contains("NOAUTH"), "{err}");
 
-        // An ACL user that may not run scripts: NOPERM, also fatal.
         r.cli(&[
             "ACL", "SETUSER", "ro", "on", ">ro-pw", "~*", "+ping", "+get",
         ]);
@@ -97,10 +95,7 @@ fn dead_server_and_wrong_password_are_told_apart() {
         let err = lock(&url, "n", "a").acquire(L, T).await.unwrap_err();
         assert!(!err.may_heal(), "{err:?}");
         assert!(err.to_string().contains("NOPERM"), "{err}");
-
-        let dead = format!("redis://:{PASSWORD}@127.0.0.1:{}/0", free_port());
-        let err = lock(&dead, "n", "a").acquire(L, T).await.unwrap_err();
-        assert!(err.may_heal(), "{err:?}");
+        assert!(err.to_string().contains("redis://ro:***@"), "{err}");
     });
 }
 

@@ -1,4 +1,6 @@
-//! The embedded SQLite store's semantics, on real files.
+//! What the embedded SQLite store does beyond the contract
+//! (tests/conformance.rs checks that against every store), on real files:
+//! a lease from another boot, another process's write lock, a corrupt file.
 
 use std::path::Path;
 use std::time::Duration;
