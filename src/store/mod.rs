@@ -15,9 +15,10 @@
 //!    end before `sent + L`. No store compares a host's wall clock with its
 //!    own.
 //! 3. **The epoch is strictly increasing per name and never reused**, across
-//!    every acquisition, whoever acquires; it rises by exactly one where the
-//!    store can do that atomically (all SQL stores do). Renewals never change
-//!    it.
+//!    every acquisition, whoever acquires; it rises by exactly one, in the
+//!    acquisition's own atomic step (every store here does; Postgres also
+//!    jumps it past what an older WAL timeline handed out). Renewals never
+//!    change it.
 //! 4. **Renew and release are refused for anything but the current grant.**
 //!    Both name holder *and* epoch; after a takeover, an expiry or a release
 //!    they match nothing and change nothing.
@@ -48,10 +49,16 @@
 //!
 //! # Adding a store
 //!
-//! A folder implementing [`Backend`] once (its URL parsing in `url.rs`, its
-//! push wake-ups in `wake.rs`), a variant of [`Store`] with its arm in
-//! `each!`, and one line in [`REGISTRY`] naming its URL schemes and its
-//! constructor.
+//! A folder (ZooKeeper's would be `zookeeper/`) whose `mod.rs` implements
+//! [`Backend`] once, on a `Session` (session.rs) whose `Connect` says how to
+//! connect and what its driver's errors mean; `url.rs` for its URL's own
+//! parameters, `wake.rs` if it pushes wake-ups. Then, here: a variant of
+//! [`Store`] with its arm in `each!`, and one line in [`REGISTRY`] (its
+//! schemes, its Cargo feature, its constructor); a variant of
+//! [`Subscription`] if it pushes; its feature in `Cargo.toml`; and one line
+//! in the `conformance!` list of `tests/conformance.rs` (with its server in
+//! `tests/support/stores.rs`), which checks this contract against it.
+//! docs/stores.md, "Adding a store", says the same at length.
 
 mod error;
 #[cfg(feature = "etcd")]
