@@ -50,7 +50,7 @@
 //! # Adding a store
 //!
 //! A folder (ZooKeeper's would be `zookeeper/`) whose `mod.rs` implements
-//! [`Backend`] once, on a `Session` (session.rs) whose `Connect` says how to
+//! `Backend` once, on a `Session` (session.rs) whose `Connect` says how to
 //! connect and what its driver's errors mean; `url.rs` for its URL's own
 //! parameters, `wake.rs` if it pushes wake-ups. Then, here: a variant of
 //! [`Store`] with its arm in `each!`, and one line in [`REGISTRY`] (its
@@ -323,7 +323,7 @@ pub trait LeaseLock {
         timeout: Duration,
     ) -> Result<bool, StoreError>;
 
-    /// Give the lease up (see [`Backend::release`] for `keep`); `false` when
+    /// Give the lease up (see `Backend::release` for `keep`); `false` when
     /// it was no longer ours.
     async fn release(
         &mut self,

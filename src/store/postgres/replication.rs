@@ -6,7 +6,11 @@ use std::sync::{Arc, Mutex};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use crate::store::Replication;
+use std::time::{Duration, Instant};
+
+use super::{PgStore, REPLICATION_SQL, SYNC_CHECK_TTL, SYNC_COLUMNS};
+use crate::store::session::Connect;
+use crate::store::{Replication, StoreError};
 
 // ---------------------------------------------------------------------------
 // Notices: what the server said beside a call's result.
@@ -218,6 +222,118 @@ pub(super) fn sync_of_at(r: &PgRow, at: usize) -> Result<bool, sqlx::Error> {
 
 pub(super) fn sync_of(r: &PgRow) -> Result<bool, sqlx::Error> {
     sync_of_at(r, 0)
+}
+
+// ---------------------------------------------------------------------------
+// What a write's commit and the server's replication say, asked by the store.
+
+impl PgStore {
+    /// Why a write that the server reported as committed may still be on no
+    /// standby, or `None` when nothing says so:
+    ///
+    /// * the server sent a WARNING during the call. Postgres does that, and
+    ///   then reports success, when a commit's wait for a synchronous
+    ///   standby ends early (`pg_cancel_backend`, `statement_timeout`: "the
+    ///   transaction has already committed locally, but might not have been
+    ///   replicated"). What is relied on is the notice's severity, which
+    ///   arrives unlocalized, not its text (shown only to people); any other
+    ///   warning during a lease write fails it too, which is only ever
+    ///   cautious.
+    /// * the session's commits waited for a standby (`sync`, read in the
+    ///   write itself) but no longer do now. Emptying
+    ///   `synchronous_standby_names` releases every waiting commit with no
+    ///   word at all; the session re-reads the setting before its next
+    ///   command, which is this check. (Behind a transaction pooler the
+    ///   check may run on another server connection that has not re-read
+    ///   its configuration yet: docs/stores.md.)
+    pub(super) async fn not_durable(
+        &mut self,
+        warnings: &[String],
+        sync: bool,
+        timeout: Duration,
+    ) -> Option<String> {
+        if !warnings.is_empty() {
+            return Some(format!(
+                "the server warned that its commit may not be durable ({})",
+                warnings.join("; ")
+            ));
+        }
+        if !sync {
+            return None;
+        }
+        let q = format!("SELECT {SYNC_COLUMNS}");
+        match self
+            .run(timeout, "cannot read", false, |_| Ok(q.clone()))
+            .await
+        {
+            Ok(ran) => match ran.rows.first().map(sync_of) {
+                Some(Ok(true)) => None,
+                Some(Ok(false)) => Some(
+                    "synchronous replication was switched off while the commit waited for a \
+                     standby, so the commit may be on no standby"
+                        .into(),
+                ),
+                _ => {
+                    Some("it could not be read back whether the commit waited for a standby".into())
+                }
+            },
+            Err(e) => Some(format!(
+                "it could not be checked that the commit reached a standby ({e})"
+            )),
+        }
+    }
+
+    /// `require=sync`: refuse to lead unless synchronous replication is
+    /// active; a pass is trusted for [`SYNC_CHECK_TTL`].
+    pub(super) async fn check_sync(&mut self, timeout: Duration) -> Result<(), StoreError> {
+        if self
+            .sync_checked
+            .is_some_and(|t| t.elapsed() < SYNC_CHECK_TTL)
+        {
+            return Ok(());
+        }
+        let state = self.replication_state(timeout).await?;
+        match state.missing() {
+            None => {
+                self.sync_checked = Some(Instant::now());
+                Ok(())
+            }
+            Some((why, heals)) => {
+                self.sync_checked = None;
+                let msg = format!(
+                    "the store {} does not replicate synchronously (require=sync): {why}",
+                    self.s.c.shown.clone()
+                );
+                Err(if heals {
+                    StoreError::unavailable(msg)
+                } else {
+                    StoreError::fatal(msg)
+                })
+            }
+        }
+    }
+
+    pub(super) async fn replication_state(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<ReplState, StoreError> {
+        let ran = self
+            .run(timeout, "cannot read", false, |_| {
+                Ok(REPLICATION_SQL.to_string())
+            })
+            .await?;
+        ran.rows
+            .first()
+            .map(ReplState::from_row)
+            .transpose()
+            .map_err(|e| self.s.c.classify("cannot read", e))?
+            .ok_or_else(|| {
+                StoreError::unavailable(format!(
+                    "the store {} said nothing about its replication",
+                    self.s.c.shown.clone()
+                ))
+            })
+    }
 }
 
 #[cfg(test)]

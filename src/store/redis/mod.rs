@@ -25,8 +25,8 @@
 //! `NOSCRIPT`: after a restart or `SCRIPT FLUSH` the first call sends the
 //! source once, atomically, and an ACL user needs no `SCRIPT` permission.
 //!
-//! Replication (`?replicas=N`, the primary's identity): see [`confirm`] and
-//! [`Server`]; docs/stores.md says what each protects against.
+//! Replication (`?replicas=N`, the primary's identity): see wait.rs and
+//! server.rs; docs/stores.md says what each protects against.
 //!
 //! Push wake-ups: the release and clear scripts `PUBLISH` on the lease's
 //! channel (`{leaderrun:NAME}:released`) in the same script as the `DEL`,
@@ -44,19 +44,23 @@ use crate::store::UrlError;
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
-use ::redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Value};
+use ::redis::{Client, RedisError, Value};
 use tokio::time::Instant;
 
+mod connect;
 mod scripts;
 mod server;
 mod url;
+mod wait;
 pub(crate) mod wake;
 
+use self::connect::Reach;
 use self::scripts::*;
-use self::server::{count, replication_of, risks, Server};
+use self::server::{replication_of, risks, Server};
 use self::url::replicas_param;
+use self::wait::{confirm, reserve, wait_ms};
 use self::wake::{redis_channel, RedisWakeups};
-use super::session::{Connect, Session};
+use super::session::Session;
 use super::sql::millis;
 use super::wake::Subscription;
 use super::{
@@ -80,41 +84,6 @@ pub struct RedisStore {
     /// This run has looked at the deployment (and warned, if need be):
     /// once per run, not per call.
     checked: bool,
-}
-
-/// How to reach the server.
-struct Reach {
-    client: Client,
-    redacted: Redacted,
-}
-
-impl Connect for Reach {
-    type Conn = MultiplexedConnection;
-    type Error = RedisError;
-
-    fn shown(&self) -> String {
-        self.redacted.to_string()
-    }
-
-    async fn connect(&mut self, deadline: Instant) -> Result<MultiplexedConnection, StoreError> {
-        // The driver's own timeouts too, so that its background task gives
-        // up on a dead socket as we do.
-        let timeout = deadline.saturating_duration_since(Instant::now());
-        let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(timeout)
-            .set_response_timeout(timeout);
-        self.client
-            .get_multiplexed_async_connection_with_config(&cfg)
-            .await
-            .map_err(|e| self.classify("cannot connect to", e))
-    }
-
-    fn classify(&self, what: &str, e: RedisError) -> StoreError {
-        // The server's and the driver's words; neither contains the
-        // password (the server never echoes AUTH arguments).
-        let msg = format!("{what} the store {}: {e}", self.redacted);
-        StoreError::healing(is_transient(&e), msg).with_source(e)
-    }
 }
 
 /// The registry's constructor for `redis://` and `rediss://` (TLS):
@@ -194,86 +163,6 @@ impl RedisStore {
     }
 }
 
-/// After a write on `c`: until `n` replicas acknowledge it (`WAIT`) and,
-/// on Redis 7.2 and later with an append-only file (`aof`), until the
-/// primary has it on disk (`WAITAOF 1 0`), all before `deadline - reserve`.
-/// The timeouts sent are shorter by the server's `tick` ([`Server::tick`]),
-/// since that is how late they may end. `None` when confirmed; otherwise
-/// what fell short.
-///
-/// `WAIT` must run on the connection that wrote, right after the write:
-/// it waits for that connection's last write. A replica's acknowledgement
-/// means it has the write in memory, so a failover to it keeps the write;
-/// the primary's disk keeps it across a restart. The replicas' own disks
-/// are not waited for (`WAITAOF 1 N` would refuse every call where replicas
-/// run without an append-only file, and guards only a second failure).
-/// `WAIT` and `WAITAOF` take a timeout in milliseconds, where 0 means for
-/// ever: 0 is never sent.
-async fn confirm(
-    c: &mut MultiplexedConnection,
-    n: u32,
-    server: &Server,
-    deadline: Instant,
-    reserve: Duration,
-) -> Result<Option<String>, RedisError> {
-    let reserve = reserve + server.tick();
-    let Some(t) = wait_ms(deadline, reserve) else {
-        return Ok(Some(format!(
-            "left no time to wait for {}",
-            count(n, "replica")
-        )));
-    };
-    let acked: i64 = ::redis::cmd("WAIT").arg(n).arg(t).query_async(c).await?;
-    if acked < i64::from(n) {
-        return Ok(Some(format!(
-            "reached {acked} of {} within {t} ms",
-            count(n, "replica")
-        )));
-    }
-    if server.waitaof() {
-        let Some(t) = wait_ms(deadline, reserve) else {
-            return Ok(Some("left no time to wait for the primary's disk".into()));
-        };
-        let synced: Vec<i64> = ::redis::cmd("WAITAOF")
-            .arg(1)
-            .arg(0)
-            .arg(t)
-            .query_async(c)
-            .await?;
-        if synced.first().copied().unwrap_or(0) < 1 {
-            return Ok(Some(format!(
-                "was not on the primary's disk within {t} ms (WAITAOF)"
-            )));
-        }
-    }
-    Ok(None)
-}
-
-/// Whole milliseconds from now to `deadline - reserve`; `None` below one.
-fn wait_ms(deadline: Instant, reserve: Duration) -> Option<u64> {
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .saturating_sub(reserve);
-    u64::try_from(left.as_millis()).ok().filter(|ms| *ms > 0)
-}
-
-/// What to keep back from a call's deadline for what follows a `WAIT` (on
-/// top of the server's tick): at least `floor` and `1/share` of what is
-/// left, and `round_trips` times the round trip the script took, but never
-/// more than half of what is left.
-fn reserve(
-    rtt: Duration,
-    left: Duration,
-    floor: Duration,
-    share: u32,
-    round_trips: u32,
-) -> Duration {
-    (rtt * round_trips)
-        .max(floor)
-        .max(left / share)
-        .min(left / 2)
-}
-
 /// `CONFIG GET name`, or `None` where it is not permitted (it also reveals
 /// passwords, so a careful ACL leaves it out) or not known.
 async fn config_get(c: &mut MultiplexedConnection, name: &str) -> Option<String> {
@@ -284,41 +173,6 @@ async fn config_get(c: &mut MultiplexedConnection, name: &str) -> Option<String>
         .await
         .ok()?;
     pair.get(1).cloned()
-}
-
-/// Failures that may heal by themselves: the network, timeouts, a server
-/// that is loading its data, busy with a script, read-only (a replica, or a
-/// primary during a failover), out of memory under `noeviction`. A wrong
-/// password (`WRONGPASS`), a missing one (`NOAUTH`), an ACL refusal
-/// (`NOPERM`), a TLS failure (an unknown CA, a bad certificate, a server
-/// that speaks no TLS), a bad configuration or a key of the wrong type will
-/// not.
-fn is_transient(e: &RedisError) -> bool {
-    if is_tls_failure(e) {
-        return false;
-    }
-    if e.is_io_error() || e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped() {
-        return true;
-    }
-    match e.kind() {
-        ErrorKind::BusyLoadingError
-        | ErrorKind::TryAgain
-        | ErrorKind::ClusterDown
-        | ErrorKind::MasterDown
-        | ErrorKind::ReadOnly => true,
-        ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => false,
-        _ => matches!(e.code(), Some("BUSY" | "OOM" | "LOADING" | "MASTERDOWN")),
-    }
-}
-
-/// The TLS layer refused: the driver hands rustls's error up inside an I/O
-/// error. Unlike a refused or reset connection, this does not change by
-/// trying again; a connection closed mid-handshake is a plain I/O error.
-fn is_tls_failure(e: &RedisError) -> bool {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<std::io::Error>())
-        .and_then(|io| io.get_ref())
-        .is_some_and(|inner| inner.is::<tokio_rustls::rustls::Error>())
 }
 
 /// How an acquisition went on the server.
@@ -692,20 +546,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn waits_fit_the_deadline() {
-        let ms = Duration::from_millis;
-        // The hand-back's share of a 1.3 s acquisition: a quarter.
-        assert_eq!(reserve(ms(1), ms(1300), ms(50), 4, 4), ms(325));
-        // A slow round trip takes more, never more than half.
-        assert_eq!(reserve(ms(100), ms(300), ms(50), 4, 4), ms(150));
-        assert_eq!(reserve(ms(1), ms(300), ms(10), 5, 2), ms(60));
-        let soon = Instant::now() + ms(50);
-        assert_eq!(
-            wait_ms(soon, ms(60)),
-            None,
-            "never WAIT 0: that is for ever"
-        );
-        assert!(wait_ms(Instant::now() + ms(500), ms(100)).is_some_and(|t| t <= 400));
+    fn ids_are_shortened_for_log_lines() {
         assert_eq!(short("0123456789abcdef"), "01234567");
         assert_eq!(short("ab"), "ab");
     }
