@@ -289,7 +289,6 @@ impl MySqlStore {
         acknowledged: bool,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder) = (name.to_string(), holder.to_string());
         let check = acknowledged && self.s.c.require_sync;
         let out = self
             .s
@@ -384,8 +383,7 @@ impl Backend for MySqlStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
-        let (name, holder) = (key.name.as_str(), key.holder.as_str());
-        let (name, holder, us) = (name.to_string(), holder.to_string(), micros(lease));
+        let (name, holder, us) = (key.name.as_str(), key.holder.as_str(), micros(lease));
         let check = self.s.c.require_sync;
         let what = "cannot acquire in";
         let out = self
@@ -405,7 +403,7 @@ impl Backend for MySqlStore {
                     }
                     before = Some(st.no_tx);
                 }
-                let got = match take_or_create(c, &name, &holder, us).await? {
+                let got = match take_or_create(c, name, holder, us).await? {
                     Ok(got) => got,
                     Err(r) => return Ok(Err(r)),
                 };
@@ -414,8 +412,8 @@ impl Backend for MySqlStore {
                         sqlx::query(RELEASE_SQL)
                             .bind(0i64)
                             .bind(0i64)
-                            .bind(&name)
-                            .bind(&holder)
+                            .bind(name)
+                            .bind(holder)
                             .bind(epoch)
                             .execute(&mut *c)
                             .await?;
@@ -472,9 +470,8 @@ impl Backend for MySqlStore {
         name: &str,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        let name = name.to_string();
         self.s
-            .call(timeout, "cannot read", async move |c, _| {
+            .call(timeout, "cannot read", async |c, _| {
                 let row = sqlx::query(INSPECT_SQL)
                     .bind(name)
                     .fetch_optional(c)
@@ -569,12 +566,11 @@ impl Backend for MySqlStore {
         epoch: Option<i64>,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        let name = name.to_string();
         self.s
-            .call(timeout, "cannot release in", async move |c, _| {
+            .call(timeout, "cannot release in", async |c, _| {
                 let mut tx = c.begin().await?;
                 let row = sqlx::query(CLEARABLE_SQL)
-                    .bind(&name)
+                    .bind(name)
                     .bind(epoch)
                     .bind(epoch)
                     .fetch_optional(&mut *tx)
@@ -584,7 +580,7 @@ impl Backend for MySqlStore {
                     return Ok(None);
                 };
                 let before = lease_info(&row)?;
-                sqlx::query(CLEAR_SQL).bind(&name).execute(&mut *tx).await?;
+                sqlx::query(CLEAR_SQL).bind(name).execute(&mut *tx).await?;
                 tx.commit().await?;
                 Ok(Some(before))
             })

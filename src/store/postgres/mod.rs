@@ -230,19 +230,19 @@ impl PgStore {
         });
         let (rows, legacy_used) = out?.map_err(|missing| {
             let create_err = match missing {
-                Missing::NotCreated => return sql::no_table(&self.s.c.shown.clone()),
+                Missing::NotCreated => return sql::no_table(&self.s.c.shown),
                 Missing::CreateFailed(e) => e,
             };
             let Some(e) = create_err else {
                 return StoreError::fatal(format!(
                     "table leader_lease is missing in the store {}",
-                    self.s.c.shown.clone()
+                    self.s.c.shown
                 ));
             };
             sql::cannot_create(sql::classify::<Pg>(
                 &format!(
                     "table leader_lease is missing in the store {}",
-                    self.s.c.shown.clone()
+                    self.s.c.shown
                 ),
                 e,
             ))
@@ -277,14 +277,14 @@ impl PgStore {
         if let Some(why) = self.not_durable(&ran.warnings, sync, timeout).await {
             return Err(StoreError::unavailable(format!(
                 "{what} the store {}: {why}",
-                self.s.c.shown.clone()
+                self.s.c.shown
             )));
         }
         if self.require_sync && !sync {
             return Err(StoreError::unavailable(format!(
                 "{what} the store {}: the commit did not wait for a synchronous standby \
                  (require=sync)",
-                self.s.c.shown.clone()
+                self.s.c.shown
             )));
         }
         Ok(true)
@@ -346,7 +346,7 @@ impl Backend for PgStore {
         self.sync_checked = None;
         Err(StoreError::unavailable(format!(
             "the store {} granted the lease at epoch {epoch}, but {why}; {}",
-            self.s.c.shown.clone(),
+            self.s.c.shown,
             if handed {
                 "handed it back"
             } else {
@@ -456,7 +456,7 @@ impl Backend for PgStore {
             .collect();
         if !missing.is_empty() {
             return Err(sql::lacking(
-                &self.s.c.shown.clone(),
+                &self.s.c.shown,
                 &missing,
                 "GRANT SELECT, INSERT, UPDATE ON leader_lease TO <login>",
             ));

@@ -302,7 +302,7 @@ impl PgStore {
                 self.sync_checked = None;
                 let msg = format!(
                     "the store {} does not replicate synchronously (require=sync): {why}",
-                    self.s.c.shown.clone()
+                    self.s.c.shown
                 );
                 Err(if heals {
                     StoreError::unavailable(msg)
@@ -330,7 +330,7 @@ impl PgStore {
             .ok_or_else(|| {
                 StoreError::unavailable(format!(
                     "the store {} said nothing about its replication",
-                    self.s.c.shown.clone()
+                    self.s.c.shown
                 ))
             })
     }
