@@ -219,17 +219,12 @@ fn status(
     0
 }
 
-/// A time to or since expiry as a person reads it: tenths of a second
-/// below ten seconds, whole seconds above (the store's milliseconds are
-/// noise here; `--json` keeps them).
+/// A time to or since expiry as a person reads it: to a tenth of a second
+/// below ten seconds, then in two or three figures of one unit (the
+/// store's milliseconds are noise here; `--json` keeps them).
 fn ago(ms: i64) -> String {
-    let ms = ms.unsigned_abs();
-    if ms < 10_000 {
-        let tenths = (ms + 50) / 100;
-        format!("{}.{}s", tenths / 10, tenths % 10)
-    } else {
-        humantime::format_duration(Duration::from_secs((ms + 500) / 1000)).to_string()
-    }
+    use crate::duration::{about, show};
+    show(about(Duration::from_millis(ms.unsigned_abs()))).to_string()
 }
 
 fn state(l: &LeaseInfo) -> String {
@@ -336,6 +331,10 @@ mod tests {
         assert!(lease_json(&info(None, None), None).contains("\"expires_in_ms\":null"));
         assert_eq!(state(&info(None, Some(-1500))), "free since 1.5s ago");
         assert_eq!(state(&info(Some("h"), Some(2500))), "held, expires in 2.5s");
-        assert_eq!(state(&info(Some("h"), Some(-200))), "expired 0.2s ago");
+        assert_eq!(state(&info(Some("h"), Some(-200))), "expired 200ms ago");
+        assert_eq!(
+            state(&info(Some("h"), Some(365 * 86_400_000 - 700))),
+            "held, expires in 365d"
+        );
     }
 }

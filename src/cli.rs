@@ -2,12 +2,12 @@
 //! are added, never renamed.
 
 use std::ffi::OsString;
-use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
 use crate::names::{parse_holder, parse_name};
 
+use crate::duration::DurationArg;
 use crate::timing::parse_duration as duration;
 
 /// The two forms, as `--help` shows them: the run form's COMMAND is the
@@ -278,19 +278,19 @@ pub struct RunArgs {
 
     /// Lease length L [default: 15s]
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub lease: Option<Duration>,
+    pub lease: Option<DurationArg>,
 
     /// Renew interval R [default: L/3]
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub renew: Option<Duration>,
+    pub renew: Option<DurationArg>,
 
     /// Stop the command when no renewal succeeded for this long, G [default: 2L/3]
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub give_up: Option<Duration>,
+    pub give_up: Option<DurationArg>,
 
     /// Grace between SIGTERM and SIGKILL, K [default: (L-G)/2]
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub kill_after: Option<Duration>,
+    pub kill_after: Option<DurationArg>,
 
     /// Contend until leading (default: try once, skip if held)
     #[arg(long)]
@@ -298,20 +298,20 @@ pub struct RunArgs {
 
     /// With --wait: stop waiting after this long (exit 124)
     #[arg(long, value_name = "DUR", value_parser = duration, requires = "wait")]
-    pub timeout: Option<Duration>,
+    pub timeout: Option<DurationArg>,
 
     /// How often a waiting contender tries, P [default: 2s]
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub retry: Option<Duration>,
+    pub retry: Option<DurationArg>,
 
     /// Keep the lease at least this long after acquiring it
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub min_hold: Option<Duration>,
+    pub min_hold: Option<DurationArg>,
 
     /// Step down after leading this long: stop the command (as on a lost lease), release, wait
     /// until another contender leads (at most one lease length), exit 75
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub max_term: Option<Duration>,
+    pub max_term: Option<DurationArg>,
 
     /// Wait by polling only, without the store's push wake-ups (for a Postgres behind PgBouncer
     /// in transaction mode, where LISTEN does not work)
@@ -450,6 +450,7 @@ pub fn one_line_error(e: &clap::Error) -> String {
 mod tests {
     use super::*;
     use crate::timing::{Timing, TimingArgs};
+    use std::time::Duration;
 
     /// The defaults in the table are the ones `Timing::resolve` fills in.
     #[test]

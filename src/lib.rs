@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod cli;
 pub mod clock;
+pub mod duration;
 pub mod elector;
 pub mod exit;
 pub mod fork;

@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use crate::cli::{Common, RunArgs};
+use crate::duration::{show, DurationArg};
 use crate::exit;
 use crate::names;
 use crate::store::{AnyStore, StoreAdmin};
@@ -20,7 +21,8 @@ pub struct RunConfig {
     pub timing: Timing,
     pub store: AnyStore,
     pub wait: bool,
-    pub timeout: Option<Duration>,
+    /// As typed: the message when it passes quotes it.
+    pub timeout: Option<DurationArg>,
     pub min_hold: Option<Duration>,
     pub max_term: Option<Duration>,
     /// Use the store's push wake-ups while waiting (not `--no-push`).
@@ -62,7 +64,7 @@ impl RunConfig {
             kill_after: run.kill_after,
             retry: run.retry,
         };
-        let timing = Timing::resolve(args).map_err(|e| e.to_string())?;
+        let timing = Timing::resolve(args.clone()).map_err(|e| e.to_string())?;
         let name = run.name.ok_or("--name is required")?;
         let store = crate::store::resolve(
             common.store.clone(),
@@ -81,27 +83,24 @@ impl RunConfig {
             timing
         } else {
             Timing::resolve(TimingArgs {
-                lease: Some(granted),
+                lease: Some(granted.into()),
                 ..args
             })
-            .map_err(|e| {
-                format!(
-                    "{e} (the store grants a lease of {})",
-                    humantime::format_duration(granted)
-                )
-            })?
+            .map_err(|e| format!("{e} (the store grants a lease of {})", show(granted)))?
         };
-        if let Some(m) = run.max_term {
+        let min_hold = run.min_hold.as_ref().map(DurationArg::value);
+        let max_term = run.max_term.as_ref().map(DurationArg::value);
+        if let Some(m) = max_term {
             if m.is_zero() {
                 return Err("--max-term must be longer than 0".into());
             }
             // Stepping down releases at once; a keep that outlasts the term
             // would hold the lease against the very rival it steps down for.
-            if run.min_hold.is_some_and(|h| h >= m) {
+            if min_hold.is_some_and(|h| h >= m) {
                 return Err("--min-hold must be shorter than --max-term".into());
             }
         }
-        if run.wait && run.timeout.is_some_and(|t| t.is_zero()) {
+        if run.wait && run.timeout.as_ref().is_some_and(|t| t.value().is_zero()) {
             // It would give up before its first attempt, even on a free
             // lease; trying once is what leaving out --wait does.
             return Err(
@@ -126,8 +125,8 @@ impl RunConfig {
             store,
             wait: run.wait,
             timeout: run.timeout,
-            min_hold: run.min_hold,
-            max_term: run.max_term,
+            min_hold,
+            max_term,
             push: !run.no_push,
             conflict_exit_code: i32::from(run.conflict_exit_code),
             command: run.command,

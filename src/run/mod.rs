@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use crate::cli::{one_line_error, Cli};
 use crate::clock::{BootClock, Clock};
+use crate::duration::DurationArg;
 use crate::elector::{describe_held, Elector, Lease, Lost, Observer, Waited};
 use crate::report::{self, Reporter};
 use crate::store::{AnyStore, LeaseInfo, StoreAdmin};
@@ -161,7 +162,8 @@ pub async fn run(cfg: RunConfig) -> i32 {
     // acquiring, so that standbys stay one process each.
     let mut early = None;
     let waited = {
-        let acquire = r.elector.wait_for_lease(r.wait, r.timeout, &mut signals);
+        let timeout = r.timeout.as_ref().map(DurationArg::value);
+        let acquire = r.elector.wait_for_lease(r.wait, timeout, &mut signals);
         tokio::pin!(acquire);
         if r.wait {
             acquire.await
@@ -203,7 +205,7 @@ struct Run {
     t: Timing,
     clock: BootClock,
     wait: bool,
-    timeout: Option<Duration>,
+    timeout: Option<DurationArg>,
     min_hold: Option<Duration>,
     max_term: Option<Duration>,
     conflict_exit_code: i32,
@@ -284,11 +286,10 @@ impl Run {
                 self.conflict_exit_code
             }
             Waited::TimedOut => {
-                let waited = self.timeout.unwrap_or_default();
+                let waited = self.timeout.clone().unwrap_or_default();
                 tracing::warn!(
                     event = "timeout",
-                    "--timeout ({}) passed without leading {name}",
-                    humantime::format_duration(waited)
+                    "--timeout ({waited}) passed without leading {name}"
                 );
                 exit::TIMEOUT
             }
