@@ -386,11 +386,22 @@ pub fn parse() -> Result<Cli, clap::Error> {
     Ok(cli)
 }
 
+/// A run-form flag given before a subcommand, which would ignore it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{flag} belongs to the run form, not to `{sub}`; options of `{sub}` go after it \
+     (leaderrun {sub} --help)"
+)]
+pub struct RunFlagBefore {
+    pub flag: String,
+    pub sub: String,
+}
+
 /// The common flags may come before a subcommand (`leaderrun --store URL
 /// status`), as a user of git or systemctl expects; the run form's own flags
 /// may not, since the subcommand would silently ignore them. (`--name` from
 /// `LEADERRUN_NAME` is not an error: the environment is not a request.)
-fn run_flags_before(m: &clap::ArgMatches, sub: &str) -> Result<(), String> {
+fn run_flags_before(m: &clap::ArgMatches, sub: &str) -> Result<(), RunFlagBefore> {
     use clap::parser::ValueSource;
     let run = RunArgs::augment_args(clap::Command::new("run"));
     for arg in run.get_arguments() {
@@ -399,10 +410,10 @@ fn run_flags_before(m: &clap::ArgMatches, sub: &str) -> Result<(), String> {
             let flag = arg
                 .get_long()
                 .map_or_else(|| "COMMAND".to_string(), |l| format!("--{l}"));
-            return Err(format!(
-                "{flag} belongs to the run form, not to `{sub}`; options of `{sub}` go after it \
-                 (leaderrun {sub} --help)"
-            ));
+            return Err(RunFlagBefore {
+                flag,
+                sub: sub.to_string(),
+            });
         }
     }
     Ok(())
