@@ -8,6 +8,7 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use crate::names::{parse_holder, parse_name};
 
 use crate::duration::DurationArg;
+use crate::logging::{self, LogFormat};
 use crate::timing::parse_duration as duration;
 
 /// The two forms, as `--help` shows them: the run form's COMMAND is the
@@ -201,12 +202,19 @@ fn hanging(term: &str, text: &str) -> String {
     out
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// One line of text per event
-    Text,
-    /// One JSON object per event
-    Json,
+/// `--log-format`'s values. The type is the logging layer's; only its
+/// spelling on the command line is said here.
+impl clap::ValueEnum for LogFormat {
+    fn value_variants<'a>() -> &'a [LogFormat] {
+        &[LogFormat::Text, LogFormat::Json]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use clap::builder::PossibleValue;
+        Some(match self {
+            LogFormat::Text => PossibleValue::new("text").help("One line of text per event"),
+            LogFormat::Json => PossibleValue::new("json").help("One JSON object per event"),
+        })
+    }
 }
 
 #[derive(Debug, Parser)]
@@ -265,6 +273,17 @@ pub struct Common {
     /// Log line format on stderr
     #[arg(long, value_enum, default_value_t = LogFormat::Text, value_name = "FORMAT", global = true)]
     pub log_format: LogFormat,
+}
+
+impl Common {
+    /// The log settings these flags ask for.
+    pub fn log(&self) -> logging::Settings {
+        logging::Settings {
+            verbose: self.verbose,
+            quiet: self.quiet,
+            format: self.log_format,
+        }
+    }
 }
 
 /// The run form: `leaderrun [OPTIONS] --name <NAME> -- <COMMAND> [ARGS]...`

@@ -21,7 +21,6 @@ use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::cli::LogFormat;
 use crate::json::{escape_into, Json};
 
 /// Lease name and holder id, the same for every line of one process.
@@ -46,7 +45,31 @@ fn held_epoch() -> Option<i64> {
     Some(EPOCH.load(Ordering::Relaxed)).filter(|e| *e != NO_EPOCH)
 }
 
-pub fn init(verbose: u8, quiet: bool, format: LogFormat) {
+/// How log lines are written on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// One line of text per event.
+    #[default]
+    Text,
+    /// One JSON object per event.
+    Json,
+}
+
+/// What `-v`, `-q` and `--log-format` asked for: leaderrun and its watchdog
+/// log alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Settings {
+    pub verbose: u8,
+    pub quiet: bool,
+    pub format: LogFormat,
+}
+
+pub fn init(s: Settings) {
+    let Settings {
+        verbose,
+        quiet,
+        format,
+    } = s;
     let level = match (quiet, verbose) {
         (true, _) => Level::ERROR,
         (false, 0) => Level::WARN,

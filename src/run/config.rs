@@ -15,7 +15,7 @@ pub struct RunConfig {
     /// `--store` as given, for the watchdog (which resolves it the same way).
     pub store_arg: Option<String>,
     pub store_origin: crate::store::Origin,
-    pub log: (u8, bool, bool),
+    pub log: crate::logging::Settings,
     pub name: String,
     pub holder: String,
     pub timing: Timing,
@@ -112,13 +112,9 @@ impl RunConfig {
             return Err("the command after -- must not be empty".into());
         }
         Ok(RunConfig {
+            log: common.log(),
             store_arg: common.store,
             store_origin: common.store_origin,
-            log: (
-                common.verbose,
-                common.quiet,
-                common.log_format == crate::cli::LogFormat::Json,
-            ),
             holder: run.holder.unwrap_or_else(names::default_holder),
             name,
             timing,

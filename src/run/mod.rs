@@ -55,7 +55,7 @@ pub fn main_entry() -> i32 {
         common,
         run: run_args,
     } = cli;
-    logging::init(common.verbose, common.quiet, common.log_format);
+    logging::init(common.log());
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -212,7 +212,7 @@ struct Run {
     command: Vec<OsString>,
     store_arg: Option<String>,
     store_origin: crate::store::Origin,
-    log: (u8, bool, bool),
+    log: logging::Settings,
     elector: Elector<AnyStore, BootClock>,
     report: Rc<RefCell<Reporter>>,
     watchdog: Rc<RefCell<Option<Watchdog>>>,
