@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use crate::cli::{Admin, Common};
 use crate::exit;
-use crate::json::Json;
 use crate::store::{Init, LeaseInfo, Replication, Store, StoreAdmin, StoreError};
 
 /// Admin calls are one-shot; this bounds connecting plus the statement.
@@ -161,10 +160,18 @@ fn status(
     repl: Option<&Replication>,
 ) -> i32 {
     if json {
-        let objs: Vec<String> = leases.iter().map(|l| lease_json(l, repl)).collect();
-        match &name {
-            Some(_) => crate::outln!("{}", objs.first().map(String::as_str).unwrap_or("null")),
-            None => crate::outln!("[{}]", objs.join(",")),
+        let objs: Vec<LeaseJson> = leases.iter().map(|l| LeaseJson::new(l, repl)).collect();
+        // `--name`: the lease's object, or null; otherwise an array.
+        let text = match &name {
+            Some(_) => serde_json::to_string(&objs.first()),
+            None => serde_json::to_string(&objs),
+        };
+        match text {
+            Ok(text) => crate::outln!("{text}"),
+            Err(e) => {
+                crate::errln!("leaderrun: error: cannot write JSON: {e}");
+                return exit::FAILURE;
+            }
         }
     } else {
         // The header even for no leases: a script or a reader can tell
@@ -238,21 +245,40 @@ fn state(l: &LeaseInfo) -> String {
     }
 }
 
-fn lease_json(l: &LeaseInfo, repl: Option<&Replication>) -> String {
-    let mut j = Json::new();
-    j.str("name", &l.name)
-        .opt_str("holder", l.holder.as_deref())
-        .int("epoch", l.epoch)
-        .bool("live", l.is_live())
-        .opt_int("expires_in_ms", l.expires_in_ms);
-    if let Some(r) = repl {
-        j.str("replication", &r.detail);
-        match r.can_lose_acknowledged {
-            Some(b) => j.bool("failover_can_lose_acquisition", b),
-            None => j.opt_str("failover_can_lose_acquisition", None),
-        };
+/// One lease in `status --json`. Scripts parse these names; the
+/// replication fields are there only when the store was asked.
+#[derive(serde::Serialize)]
+struct LeaseJson<'a> {
+    name: &'a str,
+    holder: Option<&'a str>,
+    epoch: i64,
+    live: bool,
+    expires_in_ms: Option<i64>,
+    #[serde(flatten)]
+    replication: Option<ReplicationJson<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct ReplicationJson<'a> {
+    replication: &'a str,
+    /// `null` when not known.
+    failover_can_lose_acquisition: Option<bool>,
+}
+
+impl<'a> LeaseJson<'a> {
+    fn new(l: &'a LeaseInfo, repl: Option<&'a Replication>) -> LeaseJson<'a> {
+        LeaseJson {
+            name: &l.name,
+            holder: l.holder.as_deref(),
+            epoch: l.epoch,
+            live: l.is_live(),
+            expires_in_ms: l.expires_in_ms,
+            replication: repl.map(|r| ReplicationJson {
+                replication: &r.detail,
+                failover_can_lose_acquisition: r.can_lose_acknowledged,
+            }),
+        }
     }
-    j.finish()
 }
 
 async fn release<S: StoreAdmin>(
@@ -314,6 +340,24 @@ async fn check<S: crate::store::Store>(
 mod tests {
     use super::*;
 
+    /// The bytes scripts parse: keys in this order, control characters
+    /// escaped, text that is not ASCII left as it is.
+    #[test]
+    fn status_json_keeps_its_shape() {
+        let l = LeaseInfo {
+            name: "n".into(),
+            holder: Some("h\"\\\n\u{1}é".into()),
+            epoch: -3,
+            expires_in_ms: Some(1500),
+        };
+        let repl = Replication::unknown("not known (x)");
+        let j = serde_json::to_string(&LeaseJson::new(&l, Some(&repl))).unwrap();
+        assert_eq!(
+            j,
+            r#"{"name":"n","holder":"h\"\\\n\u0001é","epoch":-3,"live":true,"expires_in_ms":1500,"replication":"not known (x)","failover_can_lose_acquisition":null}"#
+        );
+    }
+
     fn info(holder: Option<&str>, ms: Option<i64>) -> LeaseInfo {
         LeaseInfo {
             name: "n".into(),
@@ -328,7 +372,11 @@ mod tests {
     #[test]
     fn a_free_lease_without_a_known_end_shows_no_age() {
         assert_eq!(state(&info(None, None)), "free");
-        assert!(lease_json(&info(None, None), None).contains("\"expires_in_ms\":null"));
+        let j = serde_json::to_string(&LeaseJson::new(&info(None, None), None)).unwrap();
+        assert_eq!(
+            j,
+            r#"{"name":"n","holder":null,"epoch":3,"live":false,"expires_in_ms":null}"#
+        );
         assert_eq!(state(&info(None, Some(-1500))), "free since 1.5s ago");
         assert_eq!(state(&info(Some("h"), Some(2500))), "held, expires in 2.5s");
         assert_eq!(state(&info(Some("h"), Some(-200))), "expired 200ms ago");

@@ -11,7 +11,6 @@ pub mod elector;
 pub mod exit;
 pub mod fork;
 pub mod generate;
-pub mod json;
 pub mod logging;
 pub mod names;
 pub mod redact;

@@ -14,6 +14,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::OnceLock;
 
+use serde::ser::{Serialize, Serializer};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
@@ -21,13 +22,18 @@ use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::json::{escape_into, Json};
-
 /// Lease name and holder id, the same for every line of one process.
 static CONTEXT: OnceLock<(String, String)> = OnceLock::new();
 
 pub fn set_context(name: &str, holder: &str) {
     let _ = CONTEXT.set((name.to_string(), holder.to_string()));
+}
+
+fn context() -> (Option<&'static str>, Option<&'static str>) {
+    match CONTEXT.get() {
+        Some((n, h)) => (Some(n.as_str()), Some(h.as_str())),
+        None => (None, None),
+    }
 }
 
 /// The epoch this process holds, once it holds one: lines about the
@@ -104,6 +110,8 @@ struct Fields {
 }
 
 /// An extra field's value: numbers stay numbers in JSON (`"pid":812`).
+#[derive(serde::Serialize)]
+#[serde(untagged)]
 enum Value {
     Int(i64),
     Text(String),
@@ -115,6 +123,37 @@ impl fmt::Display for Value {
             Value::Int(n) => write!(f, "{n}"),
             Value::Text(s) => f.write_str(s),
         }
+    }
+}
+
+/// One JSON log line: the standard keys in this order, always present
+/// (`null` when unknown), then the event's own fields, still flat.
+/// serde_json escapes every control character, so a line is one line
+/// whatever a message or a holder holds.
+#[derive(serde::Serialize)]
+struct JsonLine<'a> {
+    time: &'a str,
+    level: &'a str,
+    event: &'a str,
+    name: Option<&'a str>,
+    epoch: Option<i64>,
+    holder: Option<&'a str>,
+    message: &'a str,
+    #[serde(flatten)]
+    extra: Extra<'a>,
+}
+
+/// The event's own fields, minus any that would repeat a standard key.
+struct Extra<'a>(&'a [(&'static str, Value)]);
+
+impl Serialize for Extra<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(
+            self.0
+                .iter()
+                .filter(|(k, _)| !STANDARD.contains(k))
+                .map(|(k, v)| (k, v)),
+        )
     }
 }
 
@@ -161,36 +200,19 @@ where
         let mut time = String::new();
         SystemTime.format_time(&mut Writer::new(&mut time))?;
         let level = event.metadata().level();
-        let (name, holder) = match CONTEXT.get() {
-            Some((n, h)) => (Some(n.as_str()), Some(h.as_str())),
-            None => (None, None),
-        };
+        let (name, holder) = context();
         if self.json {
-            let mut j = Json::new();
-            j.str("time", &time)
-                .str("level", &level.as_str().to_ascii_lowercase())
-                .str("event", f.event.as_deref().unwrap_or("log"))
-                .opt_str("name", name);
-            match f.epoch {
-                Some(e) => j.int("epoch", e),
-                None => j.opt_str("epoch", None),
+            let line = JsonLine {
+                time: &time,
+                level: &level.as_str().to_ascii_lowercase(),
+                event: f.event.as_deref().unwrap_or("log"),
+                name,
+                epoch: f.epoch,
+                holder,
+                message: &f.message,
+                extra: Extra(&f.rest),
             };
-            j.opt_str("holder", holder).str("message", &f.message);
-            let mut line = j.finish();
-            // Extra fields (pid, …) go at the end, still flat.
-            if !f.rest.is_empty() {
-                line.pop();
-                for (k, v) in f.rest.iter().filter(|(k, _)| !STANDARD.contains(k)) {
-                    line.push(',');
-                    escape_into(&mut line, k);
-                    line.push(':');
-                    match v {
-                        Value::Int(n) => line.push_str(&n.to_string()),
-                        Value::Text(t) => escape_into(&mut line, t),
-                    }
-                }
-                line.push('}');
-            }
+            let line = serde_json::to_string(&line).map_err(|_| fmt::Error)?;
             writeln!(w, "{line}")
         } else {
             write!(w, "{time} {level:>5} {}", f.message)?;
@@ -202,5 +224,36 @@ where
             }
             writeln!(w)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes a log reader parses: standard keys first and always
+    /// there, numbers as numbers, an extra field that repeats a standard
+    /// key dropped, every control character escaped.
+    #[test]
+    fn a_json_line_keeps_its_shape() {
+        let rest = [
+            ("pid", Value::Int(812)),
+            ("name", Value::Text("not the lease".into())),
+            ("signal", Value::Text("SIGTERM".into())),
+        ];
+        let line = JsonLine {
+            time: "2026-01-02T03:04:05.000006Z",
+            level: "warn",
+            event: "kill",
+            name: Some("job"),
+            epoch: None,
+            holder: Some("h\"1"),
+            message: "x\"y\\z\n\r\t\u{1}\u{1f}é",
+            extra: Extra(&rest),
+        };
+        assert_eq!(
+            serde_json::to_string(&line).unwrap(),
+            r#"{"time":"2026-01-02T03:04:05.000006Z","level":"warn","event":"kill","name":"job","epoch":null,"holder":"h\"1","message":"x\"y\\z\n\r\t\u0001\u001fé","pid":812,"signal":"SIGTERM"}"#
+        );
     }
 }
