@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
+use tracing::Level;
+
 use crate::cli::{Admin, Common};
-use crate::exit;
 use crate::store::{Init, LeaseInfo, Replication, Store, StoreAdmin, StoreError};
+use crate::{exit, logging};
 
 /// Admin calls are one-shot; this bounds connecting plus the statement.
 const CALL: Duration = Duration::from_secs(10);
@@ -13,6 +15,15 @@ const CALL: Duration = Duration::from_secs(10);
 pub const NO: i32 = 1;
 
 pub async fn run(cmd: Admin, common: Common) -> i32 {
+    // Every line about one lease names it, the refusals included.
+    if let Admin::Release { name, .. }
+    | Admin::Check { name, .. }
+    | Admin::Status {
+        name: Some(name), ..
+    } = &cmd
+    {
+        logging::set_context(name, "");
+    }
     let choice = crate::store::choose(common.store, common.store_origin);
     if let (Admin::Init { print: true }, None) = (&cmd, &choice) {
         // No store configured: the embedded one creates its own table, so
@@ -24,8 +35,14 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
     let mut store = match crate::store::open(choice, "leaderrun admin", CALL) {
         Ok(s) => s,
         Err(e) => {
-            crate::errln!("leaderrun: error: {e}");
-            return e.exit_code();
+            let code = e.exit_code();
+            let event = if code == exit::USAGE {
+                "usage_error"
+            } else {
+                "store_error"
+            };
+            logging::say(Level::ERROR, event, &e.to_string());
+            return code;
         }
     };
     // Looking must not create: a typo in a file store's path would
@@ -33,11 +50,12 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
     if !matches!(cmd, Admin::Init { .. }) {
         if let Some(file) = file_store(choice).filter(|f| !f.exists()) {
             if let Some((_, origin)) = choice {
-                crate::errln!(
-                    "leaderrun: error: no such store file {} (from {origin}); status, release \
-                     and check never create one (a run or `leaderrun init` does)",
+                let msg = format!(
+                    "no such store file {} (from {origin}); status, release and check never \
+                     create one (a run or `leaderrun init` does)",
                     crate::names::printable(&file.to_string_lossy())
                 );
+                logging::say(Level::ERROR, "store_error", &msg);
                 return exit::FAILURE;
             }
             // The embedded default before its first use: nothing has run
@@ -46,9 +64,6 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
         }
     }
     tracing::info!(event = "store", "store {}", store.describe());
-    if let Admin::Release { name, .. } | Admin::Check { name, .. } = &cmd {
-        crate::logging::set_context(name, "");
-    }
     let res = match cmd {
         Admin::Status { name, json } => {
             let leases = match &name {
@@ -79,10 +94,11 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
                 Ok(0)
             }
             None => {
-                crate::errln!(
-                    "leaderrun: {} keeps no table; there is no SQL to print",
+                let msg = format!(
+                    "{} keeps no table; there is no SQL to print",
                     store.describe()
                 );
+                logging::say(Level::INFO, "no_table", &msg);
                 Ok(0)
             }
         },
@@ -169,7 +185,11 @@ fn status(
         match text {
             Ok(text) => crate::outln!("{text}"),
             Err(e) => {
-                crate::errln!("leaderrun: error: cannot write JSON: {e}");
+                logging::say(
+                    Level::ERROR,
+                    "output_failed",
+                    &format!("cannot write JSON: {e}"),
+                );
                 return exit::FAILURE;
             }
         }
@@ -219,7 +239,8 @@ fn status(
     }
     if name.is_some() && leases.is_empty() {
         if !json {
-            crate::errln!("leaderrun: no lease named {}", name.unwrap_or_default());
+            let msg = format!("no lease named {}", name.unwrap_or_default());
+            logging::say(Level::WARN, "no_lease", &msg);
         }
         return NO;
     }
@@ -305,10 +326,11 @@ async fn release<S: StoreAdmin>(
 }
 
 fn not_released(name: &str, epoch: Option<i64>) {
-    match epoch {
-        Some(e) => crate::errln!("leaderrun: {name} is not held at epoch {e}; nothing released"),
-        None => crate::errln!("leaderrun: {name} is not held; nothing released"),
-    }
+    let msg = match epoch {
+        Some(e) => format!("{name} is not held at epoch {e}; nothing released"),
+        None => format!("{name} is not held; nothing released"),
+    };
+    logging::say(Level::WARN, "not_released", &msg);
 }
 
 async fn check<S: crate::store::Store>(

@@ -453,6 +453,31 @@ fn store_origin(m: &clap::ArgMatches) -> crate::store::Origin {
     crate::store::Origin::Flag
 }
 
+/// The log format `args` (a whole command line) ask for, read without
+/// clap: for the one line that says why clap refused them. As with clap,
+/// the last `--log-format` counts, and nothing after `--` does.
+pub fn log_format_in(args: impl IntoIterator<Item = OsString>) -> LogFormat {
+    let mut format = LogFormat::Text;
+    let mut args = args.into_iter().skip(1);
+    while let Some(arg) = args.next() {
+        let value = match arg.to_str() {
+            Some("--") => break,
+            Some("--log-format") => args.next(),
+            Some(a) => match a.strip_prefix("--log-format=") {
+                Some(v) => Some(v.into()),
+                None => continue,
+            },
+            None => continue,
+        };
+        match value.as_ref().and_then(|v| v.to_str()) {
+            Some("json") => format = LogFormat::Json,
+            Some("text") => format = LogFormat::Text,
+            _ => {}
+        }
+    }
+    format
+}
+
 /// clap's error, as one line: cron mail and journals keep it whole.
 pub fn one_line_error(e: &clap::Error) -> String {
     use clap::error::{ContextKind, ContextValue};
@@ -481,6 +506,32 @@ mod tests {
     use super::*;
     use crate::timing::{Timing, TimingArgs};
     use std::time::Duration;
+
+    #[test]
+    fn the_log_format_is_read_from_a_refused_line() {
+        let f = |args: &[&str]| {
+            log_format_in(
+                std::iter::once("leaderrun")
+                    .chain(args.iter().copied())
+                    .map(OsString::from),
+            )
+        };
+        assert_eq!(f(&["--log-format", "json", "check"]), LogFormat::Json);
+        assert_eq!(
+            f(&["status", "--log-format=json", "--bogus"]),
+            LogFormat::Json
+        );
+        assert_eq!(
+            f(&["--log-format", "json", "--log-format", "text"]),
+            LogFormat::Text
+        );
+        assert_eq!(f(&["--bogus"]), LogFormat::Text);
+        assert_eq!(
+            f(&["--name", "x", "--", "cmd", "--log-format", "json"]),
+            LogFormat::Text,
+            "the command's own arguments are not leaderrun's"
+        );
+    }
 
     /// The defaults in the table are the ones `Timing::resolve` fills in.
     #[test]

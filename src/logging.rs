@@ -11,7 +11,7 @@
 //! `event`, `name`, `epoch`, `holder` and `message`.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::OnceLock;
 
 use serde::ser::{Serialize, Serializer};
@@ -70,12 +70,22 @@ pub struct Settings {
     pub format: LogFormat,
 }
 
+/// Whether lines are JSON: set once, by [`init`] or [`set_format`].
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// The format for [`say`] when [`init`] is not called: a command line that
+/// clap refused still says why in the format it asked for.
+pub fn set_format(format: LogFormat) {
+    JSON.store(format == LogFormat::Json, Ordering::Relaxed);
+}
+
 pub fn init(s: Settings) {
     let Settings {
         verbose,
         quiet,
         format,
     } = s;
+    set_format(format);
     let level = match (quiet, verbose) {
         (true, _) => Level::ERROR,
         (false, 0) => Level::WARN,
@@ -89,6 +99,40 @@ pub fn init(s: Settings) {
             json: format == LogFormat::Json,
         })
         .try_init();
+}
+
+/// A line that answers or refuses on its own (a subcommand's "no", a
+/// refused command line, a store that cannot be opened): written whatever
+/// `-v` and `-q` say, as `leaderrun: <message>` (`leaderrun: error:
+/// <message>` at ERROR) or, with `--log-format json`, as an event shaped
+/// like every other line.
+pub fn say(level: Level, event: &str, message: &str) {
+    let line = if JSON.load(Ordering::Relaxed) {
+        let mut time = String::new();
+        let _ = SystemTime.format_time(&mut Writer::new(&mut time));
+        let (name, holder) = context();
+        let line = JsonLine {
+            time: &time,
+            level: &level.as_str().to_ascii_lowercase(),
+            event,
+            name,
+            epoch: held_epoch(),
+            holder,
+            message,
+            extra: Extra(&[]),
+        };
+        match serde_json::to_string(&line) {
+            Ok(l) => l,
+            // Strings and integers under string keys cannot fail to
+            // serialize; were it to happen, the reader still gets JSON.
+            Err(_) => r#"{"level":"error","event":"log_failed"}"#.to_string(),
+        }
+    } else if level == Level::ERROR {
+        format!("leaderrun: error: {message}")
+    } else {
+        format!("leaderrun: {message}")
+    };
+    crate::stderr::write(format!("{line}\n").into_bytes());
 }
 
 /// Keys every JSON line has; an event field of the same name is dropped.

@@ -32,6 +32,7 @@ use crate::tree::Cgroup;
 use crate::watchdog::{self, Watchdog};
 use crate::{exit, logging, signals};
 use tokio::sync::mpsc::UnboundedReceiver;
+use tracing::Level;
 
 /// Parse the command line, run, and return the exit status.
 pub fn main_entry() -> i32 {
@@ -46,7 +47,12 @@ pub fn main_entry() -> i32 {
                 let _ = e.print();
                 return 0;
             }
-            crate::stderr::line(&one_line_error(&e));
+            // clap refused the line, so which format it asked for is read
+            // from the arguments themselves.
+            logging::set_format(crate::cli::log_format_in(std::env::args_os()));
+            let line = one_line_error(&e);
+            let msg = line.strip_prefix("error: ").unwrap_or(&line);
+            logging::say(Level::ERROR, "usage_error", msg);
             return exit::USAGE;
         }
     };
@@ -62,7 +68,8 @@ pub fn main_entry() -> i32 {
     {
         Ok(rt) => rt,
         Err(e) => {
-            crate::stderr::line(&format!("error: cannot start the runtime: {e}"));
+            let msg = format!("cannot start the runtime: {e}");
+            logging::say(Level::ERROR, "startup_failed", &msg);
             return exit::FAILURE;
         }
     };
@@ -72,7 +79,12 @@ pub fn main_entry() -> i32 {
     let cfg = match RunConfig::from_cli(common, run_args) {
         Ok(c) => c,
         Err(r) => {
-            crate::stderr::line(&format!("error: {}", r.msg));
+            let event = if r.code == exit::USAGE {
+                "usage_error"
+            } else {
+                "store_error"
+            };
+            logging::say(Level::ERROR, event, &r.msg);
             return r.code;
         }
     };
