@@ -24,7 +24,10 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
     {
         logging::set_context(name, "");
     }
-    let choice = crate::store::choose(common.store, common.store_origin);
+    let choice = crate::store::choose(
+        common.store.map(crate::redact::Secret::into_exposed),
+        common.store_origin,
+    );
     if let (Admin::Init { print: true }, None) = (&cmd, &choice) {
         // No store configured: the embedded one creates its own table, so
         // whoever asks for SQL means a server's, and Postgres is the default.

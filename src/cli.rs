@@ -9,6 +9,7 @@ use crate::names::{parse_holder, parse_name};
 
 use crate::duration::DurationArg;
 use crate::logging::{self, LogFormat};
+use crate::redact::Secret;
 use crate::timing::parse_duration as duration;
 
 /// The two forms, as `--help` shows them: the run form's COMMAND is the
@@ -255,7 +256,7 @@ pub struct Common {
         value_name = "URL",
         global = true
     )]
-    pub store: Option<String>,
+    pub store: Option<Secret>,
 
     /// Whether `store` came from `--store` or `LEADERRUN_STORE` (filled in
     /// by [`parse`]; errors name it instead of echoing the URL).
@@ -531,6 +532,40 @@ mod tests {
             LogFormat::Text,
             "the command's own arguments are not leaderrun's"
         );
+    }
+
+    /// A password in the store string never reaches a `{:?}` of the
+    /// command line, wherever the string came from.
+    #[test]
+    fn the_command_line_debugs_without_the_password() {
+        for args in [
+            &[
+                "leaderrun",
+                "--store",
+                "postgres://u:Sup3rSecret@h/db",
+                "--name",
+                "x",
+                "--",
+                "true",
+            ][..],
+            &[
+                "leaderrun",
+                "status",
+                "--store",
+                "mysql://u@h/db?password=Sup3rSecret",
+            ],
+            &[
+                "leaderrun",
+                "--store",
+                "host=h password=Sup3rSecret",
+                "init",
+            ],
+        ] {
+            let cli = <Cli as clap::Parser>::try_parse_from(args).expect("parses");
+            let shown = format!("{cli:?}");
+            assert!(!shown.contains("Sup3rSecret"), "{shown}");
+            assert!(shown.contains("store: Some("), "{shown}");
+        }
     }
 
     /// The defaults in the table are the ones `Timing::resolve` fills in.

@@ -7,13 +7,14 @@ use crate::cli::{Common, RunArgs};
 use crate::duration::{show, DurationArg};
 use crate::exit;
 use crate::names;
+use crate::redact::Secret;
 use crate::store::{AnyStore, StoreAdmin};
 use crate::timing::{Timing, TimingArgs};
 
 /// Everything the run form needs, validated.
 pub struct RunConfig {
     /// `--store` as given, for the watchdog (which resolves it the same way).
-    pub store_arg: Option<String>,
+    pub store_arg: Option<Secret>,
     pub store_origin: crate::store::Origin,
     pub log: crate::logging::Settings,
     pub name: String,
@@ -67,7 +68,7 @@ impl RunConfig {
         let timing = Timing::resolve(args.clone()).map_err(|e| e.to_string())?;
         let name = run.name.ok_or("--name is required")?;
         let store = crate::store::resolve(
-            common.store.clone(),
+            common.store.clone().map(Secret::into_exposed),
             common.store_origin,
             &format!("leaderrun {name}"),
             timing.give_up,

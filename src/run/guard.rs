@@ -102,7 +102,7 @@ impl Run {
     ) -> Result<(), i32> {
         let t = self.t;
         let orders = Orders {
-            store: self.store_arg.clone(),
+            store: self.store_arg.as_ref().map(|s| s.expose().to_string()),
             origin: self.store_origin,
             name: self.name.clone(),
             holder: self.holder.clone(),

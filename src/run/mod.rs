@@ -222,7 +222,7 @@ struct Run {
     max_term: Option<Duration>,
     conflict_exit_code: i32,
     command: Vec<OsString>,
-    store_arg: Option<String>,
+    store_arg: Option<crate::redact::Secret>,
     store_origin: crate::store::Origin,
     log: logging::Settings,
     elector: Elector<AnyStore, BootClock>,
