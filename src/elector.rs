@@ -25,6 +25,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::clock::{Clock, Stamp};
+use crate::duration::{about, show};
 use crate::store::{LeaseInfo, LeaseLock, StoreError, Wakeups};
 use crate::timing::Timing;
 
@@ -55,7 +56,7 @@ impl std::fmt::Display for LossReason {
             LossReason::WokeLate(by) => write!(
                 f,
                 "woke up {} past the give-up deadline (frozen or suspended)",
-                humantime::format_duration(round_ms(*by))
+                show(*by)
             ),
             LossReason::Superseded => {
                 f.write_str("the renewal matched nothing: another holder has the lease")
@@ -120,10 +121,6 @@ pub struct Elector<L: LeaseLock, C> {
 /// attempt; this keeps that rare.
 const EXPIRY_MARGIN: Duration = Duration::from_millis(10);
 
-fn round_ms(d: Duration) -> Duration {
-    Duration::from_millis(d.as_millis() as u64)
-}
-
 impl<L: LeaseLock, C: Clock> Elector<L, C> {
     pub fn new(lock: L, clock: C, timing: Timing) -> Self {
         Elector {
@@ -161,7 +158,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
         let res = tokio::select! {
             biased;
             _ = self.clock.sleep_until(until) => Err(StoreError::unavailable(format!(
-                "no subscription within {}", humantime::format_duration(round_ms(budget))))),
+                "no subscription within {}", show(budget)))),
             r = w.arm() => r,
         };
         match res {
@@ -192,7 +189,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
             tracing::info!(
                 event = "push_broken",
                 "push wake-ups unavailable ({e}); polling every {} until they work again",
-                humantime::format_duration(self.timing.retry)
+                show(self.timing.retry)
             );
             self.push_broken = true;
         }
@@ -219,7 +216,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
         let res = tokio::select! {
             biased;
             _ = self.clock.sleep_until(deadline) => Err(StoreError::unavailable(format!(
-                "no answer from the store within {}", humantime::format_duration(round_ms(budget))))),
+                "no answer from the store within {}", show(budget)))),
             r = self.lock.acquire(self.timing.lease, budget) => r,
         };
         let Some(epoch) = res? else { return Ok(None) };
@@ -230,7 +227,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
                 .await;
             return Err(StoreError::unavailable(format!(
                 "the store confirmed the lease only after {}, too late to use it",
-                humantime::format_duration(round_ms(late))
+                show(late)
             )));
         }
         Ok(Some(Lease {
@@ -337,7 +334,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
                         tracing::warn!(
                             event = "store_error",
                             "{e}; retrying every {}",
-                            humantime::format_duration(self.timing.retry)
+                            show(self.timing.retry)
                         );
                         failing = true;
                     } else {
@@ -424,7 +421,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
                 biased;
                 _ = self.clock.sleep_until(deadline) => return lost(self.late_or_gave_up(deadline)),
                 _ = self.clock.sleep_until(sent + budget) => Err(StoreError::unavailable(format!(
-                    "no answer within {}", humantime::format_duration(round_ms(budget))))),
+                    "no answer within {}", show(budget)))),
                 r = self.lock.renew(lease.epoch, t.lease, budget) => r,
             };
             let now = self.clock.now();
@@ -460,7 +457,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
                         event = "renew_failed",
                         epoch = lease.epoch,
                         "renewal failed ({e}); giving up in {} unless a retry succeeds",
-                        humantime::format_duration(round_ms(left))
+                        show(left)
                     );
                     // The first retry goes out at once: the failed call's
                     // connection is gone, and a fresh one often works (a
@@ -576,7 +573,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
             let res = tokio::select! {
                 biased;
                 _ = self.clock.sleep_until(sent + budget) => Err(StoreError::unavailable(format!(
-                    "no answer within {}", humantime::format_duration(round_ms(budget))))),
+                    "no answer within {}", show(budget)))),
                 r = self.lock.release(epoch, keep, budget) => r,
             };
             let e = match res {
@@ -608,7 +605,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
                     event = "release_failed",
                     epoch,
                     "could not release ({e}); retrying for up to {}",
-                    humantime::format_duration(round_ms(left))
+                    show(left)
                 );
             } else {
                 tracing::debug!(event = "release_failed", epoch, "{e}");
@@ -639,7 +636,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
                 event = "released",
                 epoch,
                 "released; kept for another {} (--min-hold)",
-                humantime::format_duration(round_ms(keep))
+                show(keep)
             );
         }
     }
@@ -654,8 +651,9 @@ pub fn describe_held(info: &LeaseInfo) -> String {
             "lease {} held by {h} (epoch {}) for another {}",
             info.name,
             info.epoch,
-            // whole seconds, rounded up: a status line, not a measurement
-            humantime::format_duration(Duration::from_secs((ms as u64).div_ceil(1000)))
+            // whole seconds, rounded up, in two or three figures: a status
+            // line, not a measurement
+            show(about(Duration::from_secs((ms as u64).div_ceil(1000))))
         ),
         (Some(h), _) => format!(
             "lease {} held by {h} (epoch {}), expired",

@@ -946,15 +946,15 @@ pub fn main() -> i32 {
         })
         .cloned()
         .collect();
-    crate::logging::init(
-        o.verbose,
-        o.quiet,
-        if o.json {
-            crate::cli::LogFormat::Json
+    crate::logging::init(crate::logging::Settings {
+        verbose: o.verbose,
+        quiet: o.quiet,
+        format: if o.json {
+            crate::logging::LogFormat::Json
         } else {
-            crate::cli::LogFormat::Text
+            crate::logging::LogFormat::Text
         },
-    );
+    });
     crate::logging::set_context(&o.name, &o.holder);
     crate::logging::set_epoch(o.epoch);
     let mut st = State {

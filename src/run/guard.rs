@@ -102,7 +102,7 @@ impl Run {
     ) -> Result<(), i32> {
         let t = self.t;
         let orders = Orders {
-            store: self.store_arg.clone(),
+            store: self.store_arg.as_ref().map(|s| s.expose().to_string()),
             origin: self.store_origin,
             name: self.name.clone(),
             holder: self.holder.clone(),
@@ -115,9 +115,9 @@ impl Run {
             min_hold: self.min_hold,
             acquired_at: lease.acquired_at,
             deadline: lease.sent + t.give_up,
-            verbose: self.log.0,
-            quiet: self.log.1,
-            json: self.log.2,
+            verbose: self.log.verbose,
+            quiet: self.log.quiet,
+            json: self.log.format == crate::logging::LogFormat::Json,
         };
         let started = match early {
             Some(w) => w.give(&orders),
