@@ -288,7 +288,7 @@ unsafe fn child(
     let mut ts: libc::timespec = std::mem::zeroed();
     if libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) == 0 {
         let now = ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128;
-        if now >= setup.deadline.as_nanos() {
+        if now >= setup.deadline.since_origin().as_nanos() {
             fail(PAST_DEADLINE);
         }
     }

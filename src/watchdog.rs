@@ -80,6 +80,14 @@ fn ns(d: Duration) -> u128 {
     d.as_nanos()
 }
 
+fn stamp_ns(t: Stamp) -> u128 {
+    t.since_origin().as_nanos()
+}
+
+fn stamp_from_ns(s: &str) -> Option<Stamp> {
+    from_ns(s).map(Stamp::from_origin)
+}
+
 fn from_ns(s: &str) -> Option<Duration> {
     let n: u128 = s.parse().ok()?;
     let secs = u64::try_from(n / 1_000_000_000).ok()?;
@@ -168,8 +176,8 @@ impl Orders {
             ns(self.kill_after),
             ns(self.retry),
             self.min_hold.map_or("-".into(), |d| ns(d).to_string()),
-            ns(self.acquired_at),
-            ns(self.deadline),
+            stamp_ns(self.acquired_at),
+            stamp_ns(self.deadline),
             self.verbose,
             u8::from(self.quiet),
             u8::from(self.json),
@@ -199,8 +207,8 @@ impl Orders {
             kill_after: dur("kill_after")?,
             retry: dur("retry")?,
             min_hold: get("min_hold").and_then(|v| from_ns(&v)),
-            acquired_at: dur("acquired")?,
-            deadline: dur("deadline")?,
+            acquired_at: get("acquired").and_then(|v| stamp_from_ns(&v))?,
+            deadline: get("deadline").and_then(|v| stamp_from_ns(&v))?,
             verbose: log.next()?.parse().ok()?,
             quiet: log.next()? == "1",
             json: log.next()? == "1",
@@ -327,7 +335,7 @@ impl Watchdog {
         };
         let mut got = Vec::new();
         while got.len() < READY.len() {
-            let left = orders.deadline.saturating_sub(boottime_now());
+            let left = orders.deadline.saturating_since(boottime_now());
             if left.is_zero() || !wait_readable(ack, Some(left)) {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
@@ -460,7 +468,7 @@ impl Watchdog {
         if let Some(o) = &mut self.orders {
             o.deadline = o.deadline.max(at);
         }
-        self.send(&format!("deadline {}\n", ns(at)));
+        self.send(&format!("deadline {}\n", stamp_ns(at)));
     }
 
     /// leaderrun has started stopping the command itself: the watchdog
@@ -526,7 +534,7 @@ fn wait_readable(fd: &impl AsFd, limit: Option<Duration>) -> bool {
         let t = match until {
             None => PollTimeout::NONE,
             Some(u) => {
-                let left = u.saturating_sub(boottime_now()).as_millis();
+                let left = u.saturating_since(boottime_now()).as_millis();
                 PollTimeout::try_from(left.min(60_000) as i32).unwrap_or(PollTimeout::ZERO)
             }
         };
@@ -679,7 +687,7 @@ impl State {
                 }
             }
             Some("deadline") => {
-                if let Some(d) = f.next().and_then(from_ns) {
+                if let Some(d) = f.next().and_then(stamp_from_ns) {
                     self.o.deadline = self.o.deadline.max(d);
                 }
                 *look = true;
@@ -823,7 +831,7 @@ impl State {
             let now = crate::clock::Clock::now(&clock);
             let keep = o
                 .min_hold
-                .map(|m| m.saturating_sub(now.saturating_sub(o.acquired_at)))
+                .map(|m| m.saturating_sub(now.saturating_since(o.acquired_at)))
                 .unwrap_or_default();
             let mut e =
                 crate::elector::Elector::new(store, clock, o.name.clone(), o.holder.clone(), t);
@@ -1071,8 +1079,8 @@ mod tests {
             kill_after: Duration::from_millis(500),
             retry: Duration::from_millis(400),
             min_hold: None,
-            acquired_at: Duration::from_secs(5),
-            deadline: Duration::from_secs(7),
+            acquired_at: Stamp::from_origin(Duration::from_secs(5)),
+            deadline: Stamp::from_origin(Duration::from_secs(7)),
             verbose: 0,
             quiet: false,
             json: false,
@@ -1099,8 +1107,8 @@ mod tests {
             kill_after: Duration::from_millis(500),
             retry: Duration::from_millis(400),
             min_hold: Some(Duration::from_secs(60)),
-            acquired_at: Duration::new(12345, 678),
-            deadline: Duration::new(12347, 678),
+            acquired_at: Stamp::from_origin(Duration::new(12345, 678)),
+            deadline: Stamp::from_origin(Duration::new(12347, 678)),
             verbose: 2,
             quiet: false,
             json: true,
