@@ -33,7 +33,6 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
-use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::signal::Signal;
@@ -41,9 +40,10 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::clock::{Clock, Stamp};
+use crate::clock::Clock;
 use crate::exit;
 use crate::fork::{self, Program};
+use crate::stop::{Step, Stop, ROUND};
 use crate::terminal::Terminal;
 use crate::tree::{Cgroup, Held, Root, TermToken, Tree};
 
@@ -452,41 +452,60 @@ impl Child {
         }
     }
 
-    /// SIGTERM (and SIGCONT) to everything now, unless the watchdog has
-    /// already sent it; SIGKILL at `kill_at` (at once when that has passed),
-    /// then reap. Signals that arrive meanwhile are still forwarded. True
-    /// when everything is gone.
+    /// Stop the command as `stop` says (stop.rs): SIGTERM (and SIGCONT) to
+    /// everything, unless the watchdog has already sent it; SIGKILL at the
+    /// stop's kill deadline (at once when that has passed), again every
+    /// round; then reap it and sweep what it left. Signals that arrive
+    /// meanwhile are still forwarded. True when everything is gone.
     pub async fn stop<C: Clock>(
         &mut self,
         clock: &C,
-        kill_at: Stamp,
+        mut stop: Stop,
         forward: &mut UnboundedReceiver<Signal>,
     ) -> (ExitStatus, bool) {
-        self.tree.terminate();
-        let mut killed = false;
-        loop {
+        let st = loop {
+            // Until the command is reaped it counts as running; a stuck one
+            // (SIGKILL has not ended it) is waited for without more rounds.
+            let wake = match stop.next(clock.now(), true) {
+                Step::Term => {
+                    self.tree.terminate();
+                    continue;
+                }
+                Step::Kill { first } => {
+                    if first {
+                        tracing::warn!(event = "kill", pid = self.pid(), "the command still runs at the kill deadline: SIGKILL to everything it started");
+                    }
+                    self.tree.kill();
+                    continue;
+                }
+                Step::Wait(at) => Some(at),
+                Step::Gone | Step::Stuck => None,
+            };
             tokio::select! {
                 biased;
-                st = self.wait() => {
-                    let gone = self.sweep(clock, kill_at).await;
-                    return (st, gone);
-                }
-                _ = clock.sleep_until(kill_at), if !killed => {
-                    tracing::warn!(event = "kill", pid = self.pid(), "the command still runs at the kill deadline: SIGKILL to everything it started");
-                    self.tree.kill();
-                    killed = true;
-                }
+                st = self.wait() => break st,
+                _ = async {
+                    match wake {
+                        Some(at) => clock.sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
                 Some(sig) = forward.recv() => self.signal(sig),
             }
-        }
+        };
+        self.reap();
+        let alive = self.tree.alive();
+        let gone = self.finish(clock, &mut stop, alive).await;
+        (st, gone)
     }
 
-    /// After the command itself exited: what it left behind (a backgrounded
-    /// `&` job, a daemon that left its group) must not outlive it
-    /// unsupervised. TERM, then KILL at `kill_at`. True when everything is
-    /// gone; false when something survived SIGKILL (uninterruptible sleep),
-    /// and the lease must then not be handed back early.
-    pub async fn sweep<C: Clock>(&mut self, clock: &C, kill_at: Stamp) -> bool {
+    /// After the command itself exited: what it left behind (a
+    /// backgrounded `&` job, a daemon that left its group) must not outlive
+    /// it unsupervised. A stop of its own (SIGTERM now, SIGKILL at the
+    /// stop's deadline). True when everything is gone; false when something
+    /// survived SIGKILL (uninterruptible sleep), and the lease must then not
+    /// be handed back early.
+    pub async fn sweep<C: Clock>(&mut self, clock: &C, mut stop: Stop) -> bool {
         self.reap();
         if !self.tree.alive() {
             return true;
@@ -496,25 +515,27 @@ impl Child {
             pgid = self.pid(),
             "the command left processes behind; stopping them"
         );
-        // Whatever this stop already sent SIGTERM to is not sent another.
-        self.tree.terminate();
-        let mut killed_at = None;
+        self.finish(clock, &mut stop, true).await
+    }
+
+    /// The rest of a stop once the command is reaped: its steps, with a
+    /// look every round whether everything is gone. Whatever this stop
+    /// already sent SIGTERM to is not sent another (tree.rs).
+    async fn finish<C: Clock>(&mut self, clock: &C, stop: &mut Stop, mut alive: bool) -> bool {
         loop {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            self.reap();
-            if !self.tree.alive() {
-                return true;
-            }
             let now = clock.now();
-            match killed_at {
-                None if now >= kill_at => {
-                    self.tree.kill();
-                    killed_at = Some(now);
+            match stop.next(now, alive) {
+                Step::Term => {
+                    self.tree.terminate();
                 }
-                // A process SIGKILL does not end within a second is stuck in
-                // the kernel; waiting longer gains nothing.
-                Some(t) if now >= t + Duration::from_secs(1) => return false,
-                _ => {}
+                Step::Kill { .. } => self.tree.kill(),
+                Step::Wait(at) => {
+                    clock.sleep_until(at.min(now + ROUND)).await;
+                    self.reap();
+                    alive = self.tree.alive();
+                }
+                Step::Gone => return true,
+                Step::Stuck => return false,
             }
         }
     }

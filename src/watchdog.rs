@@ -570,16 +570,25 @@ struct State {
 }
 
 impl State {
-    /// SIGTERM a little after `G`: leaderrun, when it runs, sends its own
-    /// at `G` exactly and so takes the SIGTERM token first; the token
-    /// (tree.rs) makes sure the command never gets one from each.
+    /// The plan of the latest deadline (stop.rs): SIGTERM a little after
+    /// `G`, SIGKILL at `G + K`.
+    fn plan(&self) -> crate::stop::StopPlan {
+        let t = crate::timing::Timing {
+            lease: self.o.lease,
+            renew: self.o.renew,
+            give_up: self.o.give_up,
+            kill_after: self.o.kill_after,
+            retry: self.o.retry,
+        };
+        crate::stop::StopPlan::new(self.o.deadline - self.o.give_up, t)
+    }
+
     fn term_at(&self) -> Stamp {
-        let grace = (self.o.kill_after / 4).min(Duration::from_millis(100));
-        self.o.deadline + grace
+        self.plan().watchdog_term_at()
     }
 
     fn kill_at(&self) -> Stamp {
-        self.o.deadline + self.o.kill_after
+        self.plan().kill_at()
     }
 
     fn next_wake(&self) -> Option<Stamp> {

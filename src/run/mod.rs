@@ -23,6 +23,7 @@ use crate::cli::{one_line_error, Cli};
 use crate::clock::{BootClock, Clock};
 use crate::elector::{describe_held, Elector, Lease, Lost, Observer, Waited};
 use crate::report::{self, Reporter};
+use crate::stop::StopPlan;
 use crate::store::{AnyStore, LeaseInfo, StoreAdmin};
 use crate::supervisor;
 use crate::terminal::Terminal;
@@ -333,7 +334,8 @@ impl Run {
         ];
         // A freeze between the acquisition and this line must not start the
         // command on a lease that may already have passed on.
-        if self.clock.now() >= lease.sent + self.t.give_up {
+        let plan = StopPlan::new(lease.sent, self.t);
+        if self.clock.now() >= plan.give_up_at() {
             tracing::warn!(
                 event = "lost",
                 epoch = lease.epoch,
@@ -380,7 +382,7 @@ impl Run {
             skip: self.watchdog.borrow().as_ref().and_then(Watchdog::pid),
             keep_hup_ignored: hup_ignored,
             token,
-            deadline: lease.sent + self.t.give_up,
+            deadline: plan.give_up_at(),
         };
         let child = match supervisor::spawn(&self.command, file, &env, place) {
             Ok(c) => c,
