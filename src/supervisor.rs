@@ -62,13 +62,29 @@ pub enum SpawnError {
     /// lease may already be someone else's, so the command never ran.
     #[error("the give-up deadline passed before the command could start (frozen?)")]
     PastDeadline,
+    /// The system refused a step of the start (`what` says which).
+    #[error("command not executable: {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The command could not be put into an exec's terms (`what`: it).
+    #[error("command not executable: {what}: {source}")]
+    Prepare {
+        what: String,
+        #[source]
+        source: fork::ForkError,
+    },
 }
 
 impl SpawnError {
     pub fn exit_code(&self) -> i32 {
         match self {
             SpawnError::NotFound(_) => exit::NOT_FOUND,
-            SpawnError::NotExecutable(_) => exit::NOT_EXECUTABLE,
+            SpawnError::NotExecutable(_) | SpawnError::Io { .. } | SpawnError::Prepare { .. } => {
+                exit::NOT_EXECUTABLE
+            }
             SpawnError::Interpreter(_, code) => *code,
             SpawnError::PastDeadline => exit::LOST,
         }
@@ -282,14 +298,19 @@ pub fn spawn(
     // Listen before the child exists, so that no SIGCHLD is missed.
     let sigchld =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).map_err(|e| {
-            unmade(SpawnError::NotExecutable(format!(
-                "cannot watch for the child: {e}"
-            )))
+            unmade(SpawnError::Io {
+                what: "cannot watch for the child".into(),
+                source: e,
+            })
         })?;
     // The file check_command found, under the name the user gave; execvpe
     // still runs a script without `#!` with /bin/sh, as before.
-    let prog = Program::new(file, argv, fork::command_env(env))
-        .map_err(|e| unmade(SpawnError::NotExecutable(format!("{shown}: {e}"))))?;
+    let prog = Program::new(file, argv, fork::command_env(env)).map_err(|e| {
+        unmade(SpawnError::Prepare {
+            what: shown.clone(),
+            source: e,
+        })
+    })?;
     // The terminal is handed over only when leaderrun's job holds it.
     let tty_fd = place
         .terminal
@@ -322,7 +343,10 @@ pub fn spawn(
             return Err(match (e.kind(), e.raw_os_error()) {
                 (std::io::ErrorKind::NotFound, _) => SpawnError::NotFound(shown),
                 (_, Some(code)) if code == Errno::ENOTDIR as i32 => SpawnError::NotFound(shown),
-                _ => SpawnError::NotExecutable(format!("{shown}: {e}")),
+                _ => SpawnError::Io {
+                    what: shown,
+                    source: e,
+                },
             });
         }
     };
@@ -545,5 +569,49 @@ impl Child {
         if let Some(cg) = &self.tree.cgroup {
             cg.remove();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    /// The start's failures keep what caused them as their source, and
+    /// read as they did when they were one string: the status a shell
+    /// gives (126) and the system's own words.
+    #[test]
+    fn spawn_errors_keep_their_cause_and_their_words() {
+        let e = SpawnError::Io {
+            what: "cannot watch for the child".into(),
+            source: std::io::Error::from_raw_os_error(nix::libc::EMFILE),
+        };
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "command not executable: cannot watch for the child: {}",
+                std::io::Error::from_raw_os_error(nix::libc::EMFILE)
+            )
+        );
+        assert!(e.source().is_some());
+        assert_eq!(e.exit_code(), exit::NOT_EXECUTABLE);
+        let nul = match Program::new(
+            std::path::Path::new("/bin/true"),
+            &["a\0b".into()],
+            Vec::new(),
+        ) {
+            Err(e) => e,
+            Ok(_) => panic!("a NUL byte in argv was accepted"),
+        };
+        let e = SpawnError::Prepare {
+            what: "./job".into(),
+            source: nul,
+        };
+        assert_eq!(
+            e.to_string(),
+            "command not executable: ./job: an argument or environment variable holds a NUL byte"
+        );
+        assert!(e.source().and_then(|s| s.source()).is_some());
+        assert_eq!(e.exit_code(), exit::NOT_EXECUTABLE);
     }
 }

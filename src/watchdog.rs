@@ -275,7 +275,8 @@ impl Watchdog {
                 if me.is_some() { "pidfd" } else { "-" }.into(),
             ],
             std::env::vars_os(),
-        )?;
+        )
+        .map_err(std::io::Error::other)?;
         // Ignored dispositions survive exec: the watchdog is deaf to the
         // terminal, to job control and to signals meant for leaderrun. It
         // ends when leaderrun tells it or dies.
@@ -297,7 +298,8 @@ impl Watchdog {
             theirs.as_raw_fd(),
         ];
         let starting =
-            crate::fork::spawn_detached(&prog, rd.as_raw_fd(), ack_wr.as_raw_fd(), &extra, &deaf)?;
+            crate::fork::spawn_detached(&prog, rd.as_raw_fd(), ack_wr.as_raw_fd(), &extra, &deaf)
+                .map_err(std::io::Error::other)?;
         Ok(Watchdog {
             starting: Some(starting),
             pid: None,
@@ -321,7 +323,7 @@ impl Watchdog {
     /// (a replacement's case) in the same block, before `ready`.
     fn give_with(mut self, orders: &Orders, state: &[String]) -> std::io::Result<Watchdog> {
         if let Some(s) = self.starting.take() {
-            self.pid = Some(s.confirm()?);
+            self.pid = Some(s.confirm().map_err(std::io::Error::other)?);
         }
         // The orders fit in the pipe's buffer; write them while the pipe is
         // still blocking, then make it non-blocking for the updates.
