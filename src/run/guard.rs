@@ -100,21 +100,16 @@ impl Run {
         lease: &Lease,
         early: Option<Watchdog>,
     ) -> Result<(), i32> {
-        let t = self.t;
         let orders = Orders {
             store: self.store_arg.clone(),
             origin: self.store_origin,
             name: self.name.clone(),
             holder: self.holder.clone(),
             epoch: lease.epoch,
-            lease: t.lease,
-            renew: t.renew,
-            give_up: t.give_up,
-            kill_after: t.kill_after,
-            retry: t.retry,
+            timing: self.t,
             min_hold: self.min_hold,
             acquired_at: lease.acquired_at,
-            deadline: lease.sent + t.give_up,
+            sent: lease.sent,
             verbose: self.log.0,
             quiet: self.log.1,
             json: self.log.2,

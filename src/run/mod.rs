@@ -96,7 +96,6 @@ enum End {
 struct Observers {
     report: report::Shared,
     watchdog: Rc<RefCell<Option<Watchdog>>>,
-    give_up: Duration,
 }
 
 impl Observer for Observers {
@@ -108,7 +107,7 @@ impl Observer for Observers {
     }
     fn renewed(&mut self, lease: &Lease) {
         if let Some(w) = self.watchdog.borrow_mut().as_mut() {
-            w.deadline(lease.sent + self.give_up);
+            w.renewed(lease.sent);
         }
         self.report.renewed(lease)
     }
@@ -241,7 +240,6 @@ impl Run {
         elector.observe(Box::new(Observers {
             report: report::Shared(report.clone()),
             watchdog: watchdog.clone(),
-            give_up: t.give_up,
         }));
         report.borrow_mut().starting();
         Run {
