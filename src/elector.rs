@@ -523,7 +523,9 @@ impl<S: Store, C: Clock> Elector<S, C> {
             .flatten()
     }
 
-    fn late_or_gave_up(&self, deadline: Stamp) -> LossReason {
+    /// Why a lease whose give-up deadline has passed is lost: the process
+    /// woke late, or no renewal succeeded in time.
+    pub fn late_or_gave_up(&self, deadline: Stamp) -> LossReason {
         // Timers fire within milliseconds; anything much later means this
         // process did not run (frozen, suspended) around the deadline.
         let late = self.clock.now().saturating_since(deadline);

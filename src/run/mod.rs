@@ -422,30 +422,48 @@ impl Run {
         let clock = self.clock;
         let step_down = self.max_term.map(|m| lease.acquired_at + m);
         let watchdog = self.watchdog.clone();
-        let hold = self.elector.hold(lease);
-        tokio::pin!(hold);
-        loop {
-            tokio::select! {
-                biased;
-                lost = &mut hold => return End::Lost(lost),
-                _ = watchdog_gone(&watchdog) => {
-                    if !replace_watchdog(&watchdog) {
-                        return End::Unguarded;
+        let end = {
+            let hold = self.elector.hold(lease);
+            tokio::pin!(hold);
+            loop {
+                tokio::select! {
+                    biased;
+                    lost = &mut hold => break End::Lost(lost),
+                    _ = watchdog_gone(&watchdog) => {
+                        if !replace_watchdog(&watchdog) {
+                            break End::Unguarded;
+                        }
+                        child.set_skip(watchdog.borrow().as_ref().and_then(Watchdog::pid));
                     }
-                    child.set_skip(watchdog.borrow().as_ref().and_then(Watchdog::pid));
-                }
-                _ = async {
-                    match step_down {
-                        Some(at) => clock.sleep_until(at).await,
-                        None => std::future::pending().await,
+                    _ = async {
+                        match step_down {
+                            Some(at) => clock.sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    } => break End::Stepped,
+                    st = child.wait() => break End::Exited(st),
+                    Some(sig) = signals.recv() => {
+                        tracing::info!(event = "signal", "passing {sig} to the command's process group");
+                        child.signal(sig);
                     }
-                } => return End::Stepped,
-                st = child.wait() => return End::Exited(st),
-                Some(sig) = signals.recv() => {
-                    tracing::info!(event = "signal", "passing {sig} to the command's process group");
-                    child.signal(sig);
                 }
             }
+        };
+        // A command that ended while leaderrun was not running ended on a
+        // lease that may have passed on: a loss, exit 75, as for any
+        // leaderrun that wakes past its give-up deadline (§6). Ctrl-Z is
+        // the common case: it stops the command, and leaderrun stops itself
+        // with it (terminal.rs) inside the wait above; held past `G`, the
+        // watchdog stops the command meanwhile, and after `fg` leaderrun
+        // runs on from inside that wait and finds the command gone before
+        // its give-up timer is looked at.
+        let give_up_at = StopPlan::new(lease.sent, self.t).give_up_at();
+        if matches!(end, End::Exited(_)) && clock.now() >= give_up_at {
+            return End::Lost(Lost {
+                reason: self.elector.late_or_gave_up(give_up_at),
+                deadline: give_up_at,
+            });
         }
+        end
     }
 }
