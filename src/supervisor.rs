@@ -16,7 +16,7 @@
 //!   thread, which lives as long as the process. The parent pid is
 //!   re-checked after arming it, closing the race where leaderrun died
 //!   between fork and prctl. What the command starts is the watchdog's
-//!   (watchdog.rs) to stop;
+//!   (src/watchdog/) to stop;
 //! * in the foreground of leaderrun's terminal, if leaderrun has one
 //!   (terminal.rs);
 //! * with default dispositions for every signal and an empty signal mask:
