@@ -125,7 +125,7 @@ fn reap(pid: Pid) -> nix::Result<nix::sys::wait::WaitStatus> {
 }
 
 /// What the child does before exec, beyond leading a process group of its
-/// own (supervisor.rs says why each step is there).
+/// own (src/supervisor/ says why each step is there).
 pub struct Setup<'a> {
     pub cgroup: Option<&'a Cgroup>,
     /// The terminal to take the foreground of, or -1.

@@ -78,7 +78,7 @@ pub fn main_entry() -> i32 {
     };
     logging::set_context(&cfg.name, &cfg.holder);
     // One thread: the child's parent-death signal is tied to the thread that
-    // spawned it (see supervisor.rs), and the main thread lives longest.
+    // spawned it (see src/supervisor/), and the main thread lives longest.
     rt.block_on(run(cfg))
 }
 
