@@ -37,6 +37,9 @@ pub enum WatchdogError {
     /// A replacement was asked for before any orders were given.
     #[error("there are no orders to give a replacement")]
     NoOrders,
+    /// The SIGTERM token cannot be handed to a replacement.
+    #[error("the SIGTERM token cannot be shared")]
+    NoToken,
 }
 
 /// leaderrun's handle on its watchdog.
@@ -171,7 +174,7 @@ impl Watchdog {
             return Err(WatchdogError::NoOrders);
         };
         let Some(theirs) = self.token.share() else {
-            return Err(WatchdogError::NoOrders);
+            return Err(WatchdogError::NoToken);
         };
         // What was said goes inside the orders, so that `ready` means the
         // replacement knows the command (a line sent after it could meet a
