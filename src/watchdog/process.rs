@@ -213,12 +213,12 @@ fn wait(pipe: &mut Pipe, wake: Option<Stamp>) -> Input {
         }
         return Input::Tick;
     }
-    // The pipe is closed (leaderrun is gone): only time brings news.
-    if let Some(at) = wake {
-        let left = at - boottime_now();
-        if !left.is_zero() {
-            std::thread::sleep(left);
-        }
+    // The pipe is closed (leaderrun is gone): only time brings news. (A
+    // machine with nothing to wait for then would be a bug: it is not
+    // left to spin.)
+    let left = wake.map_or(crate::stop::ROUND, |at| at - boottime_now());
+    if !left.is_zero() {
+        std::thread::sleep(left);
     }
     Input::Tick
 }
