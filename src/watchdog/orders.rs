@@ -119,13 +119,25 @@ pub struct Start {
     pub said: Vec<Msg>,
 }
 
-/// Why a line is not what the watchdog takes.
+/// Why a line is not what the watchdog takes. Its text never quotes the
+/// line (the orders hold the store string, which may hold a password):
+/// what kind of fault, and where.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
-    #[error("not a message of this version: {0}")]
+    #[error("not a message of this version ({} at column {})", kind(.0), .0.column())]
     Json(#[from] serde_json::Error),
     #[error("orders of wire version {0}, not {VERSION}")]
     Version(u32),
+}
+
+fn kind(e: &serde_json::Error) -> &'static str {
+    use serde_json::error::Category;
+    match e.classify() {
+        Category::Io => "a read error",
+        Category::Syntax => "not JSON",
+        Category::Data => "not the fields expected",
+        Category::Eof => "cut short",
+    }
 }
 
 /// A value as one line: JSON has no raw newline anywhere in it. Fails only

@@ -206,6 +206,27 @@ fn anything_but_orders_of_this_version_is_refused() {
     }
 }
 
+/// Why orders were refused is said without quoting them (they hold the
+/// store string).
+#[test]
+fn a_refusal_never_quotes_the_orders() {
+    let good = Start::new(orders(), vec![]).encode().expect("encodes");
+    // The store where a number belongs: serde's own message would quote it.
+    let bad = good.replacen("\"epoch\":4294967297", "\"epoch\":\"postgres://u:p@h\"", 1);
+    assert_ne!(good, bad);
+    let e = Start::decode(bad.trim_end().as_bytes()).expect_err("refused");
+    let shown = e.to_string();
+    assert!(!shown.contains("u:p"), "{shown}");
+    assert!(
+        shown.contains("not the fields expected at column"),
+        "{shown}"
+    );
+    let cut = Start::decode(&good.as_bytes()[..10]).expect_err("refused");
+    assert!(cut.to_string().contains("cut short"), "{cut}");
+    let junk = Start::decode(b"leaderrun-watchdog 1").expect_err("refused");
+    assert!(junk.to_string().contains("not JSON"), "{junk}");
+}
+
 /// The store string may hold a password: `Debug` never shows it.
 #[test]
 fn the_orders_debug_hides_the_store() {
