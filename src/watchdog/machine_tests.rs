@@ -287,6 +287,7 @@ fn a_watchdog_that_cannot_say_ready_leaves_at_once() {
 #[test]
 fn sigterm_a_grace_after_g_and_sigkill_at_g_plus_k() {
     let mut s = Sim::running(cg());
+    assert!(!s.m.over());
     assert_eq!(s.m.wake(), Some(at(3100)));
     s.until(3099);
     assert_eq!(s.take(), []);
@@ -792,6 +793,29 @@ fn gone_only_after_the_expiry_is_not_handed_back() {
     s.until(5000);
     let calls = s.take_timed();
     assert_eq!(calls.last(), Some(&(4010, Call::Leave(Why::Survived))));
+
+    // Gone at the very instant of the expiry: too late as well.
+    let mut t = Sim::running(cg());
+    t.w.cgroup_there = true;
+    t.at(3980);
+    t.die(vec![]);
+    t.w.probes = VecDeque::from([true]);
+    t.w.alive = false;
+    t.until(5000);
+    let calls = t.take_timed();
+    assert_eq!(calls.last(), Some(&(4000, Call::Leave(Why::Survived))));
+    // A round earlier, it goes back.
+    let mut u = Sim::running(cg());
+    u.w.cgroup_there = true;
+    u.at(3979);
+    u.die(vec![]);
+    u.w.probes = VecDeque::from([true]);
+    u.w.alive = false;
+    u.until(5000);
+    assert!(matches!(
+        u.take_timed().last(),
+        Some((3999, Call::Release { .. }))
+    ));
 }
 
 /// F11: a replacement's orders carry what leaderrun said since; it applies
