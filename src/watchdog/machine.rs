@@ -203,7 +203,6 @@ impl Machine {
     pub fn handle(&mut self, now: Stamp, input: Input) -> Vec<Action> {
         let mut out = Vec::new();
         match (self.phase, input) {
-            (Phase::Over, _) => {}
             (Phase::Starting, Input::Start(said)) => {
                 if self.apply(&said, &mut out) {
                     return self.exit();
@@ -241,8 +240,10 @@ impl Machine {
             (Phase::Guarding | Phase::Orphaned, Input::Alive(alive)) => {
                 self.drive(now, alive, &mut out)
             }
-            // Out of place (a tick before the orders, an answer to a
-            // question not asked in this phase): nothing to do.
+            // Out of place (a tick before the orders or after the end, a
+            // tick between leaderrun's death and the answer on its cgroup,
+            // an answer to a question not asked in this phase): nothing to
+            // do. (An answer after the end changes a count no one reads.)
             _ => {}
         }
         out

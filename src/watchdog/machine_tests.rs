@@ -861,6 +861,48 @@ fn a_replacement_holds_the_state_in_its_orders_before_it_says_ready() {
     );
 }
 
+/// A tick between leaderrun's death and the world's answer on the cgroup
+/// (no driver sends one, but nothing may come of it): the stop after the
+/// death has not begun, so there is nothing to look at yet. After the end,
+/// nothing at all.
+#[test]
+fn ticks_out_of_turn_after_leaderruns_death_change_nothing() {
+    let mut s = Sim::running(cg());
+    s.at(2000);
+    let now = s.now.get();
+    assert_eq!(
+        s.m.handle(
+            now,
+            Input::Said {
+                msgs: vec![],
+                open: false
+            }
+        ),
+        [Action::Orphaned]
+    );
+    assert_eq!(s.m.handle(now, Input::Tick), []);
+    assert_eq!(
+        s.m.handle(now, Input::CgroupThere(true)),
+        [Action::Kill { report: false }]
+    );
+    assert_eq!(s.m.handle(now + ms(10), Input::Tick), [Action::Probe]);
+    let end = s.m.handle(now + ms(10), Input::Alive(false));
+    assert_eq!(end.last(), Some(&Action::Exit));
+    assert!(s.m.over());
+    for input in [
+        Input::Tick,
+        Input::Alive(true),
+        Input::Said {
+            msgs: vec![spawning(None)],
+            open: true,
+        },
+        Input::CgroupThere(true),
+    ] {
+        assert_eq!(s.m.handle(now + ms(20), input), []);
+    }
+    assert_eq!(s.m.wake(), None);
+}
+
 #[test]
 fn inputs_out_of_place_change_nothing() {
     let mut s = Sim::new(&orders());
