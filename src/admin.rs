@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
+use tracing::Level;
+
 use crate::cli::{Admin, Common};
-use crate::exit;
-use crate::json::Json;
 use crate::store::{Init, LeaseInfo, Replication, Store, StoreAdmin, StoreError};
+use crate::{exit, logging};
 
 /// Admin calls are one-shot; this bounds connecting plus the statement.
 const CALL: Duration = Duration::from_secs(10);
@@ -14,7 +15,19 @@ const CALL: Duration = Duration::from_secs(10);
 pub const NO: i32 = 1;
 
 pub async fn run(cmd: Admin, common: Common) -> i32 {
-    let choice = crate::store::choose(common.store, common.store_origin);
+    // Every line about one lease names it, the refusals included.
+    if let Admin::Release { name, .. }
+    | Admin::Check { name, .. }
+    | Admin::Status {
+        name: Some(name), ..
+    } = &cmd
+    {
+        logging::set_context(name, "");
+    }
+    let choice = crate::store::choose(
+        common.store.map(crate::redact::Secret::into_exposed),
+        common.store_origin,
+    );
     if let (Admin::Init { print: true }, None) = (&cmd, &choice) {
         // No store configured: the embedded one creates its own table, so
         // whoever asks for SQL means a server's, and Postgres is the default.
@@ -25,8 +38,14 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
     let mut store = match crate::store::open(choice, "leaderrun admin", CALL) {
         Ok(s) => s,
         Err(e) => {
-            crate::errln!("leaderrun: error: {e}");
-            return e.exit_code();
+            let code = e.exit_code();
+            let event = if code == exit::USAGE {
+                "usage_error"
+            } else {
+                "store_error"
+            };
+            logging::say(Level::ERROR, event, &e.to_string());
+            return code;
         }
     };
     // Looking must not create: a typo in a file store's path would
@@ -34,11 +53,12 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
     if !matches!(cmd, Admin::Init { .. }) {
         if let Some(file) = file_store(choice).filter(|f| !f.exists()) {
             if let Some((_, origin)) = choice {
-                crate::errln!(
-                    "leaderrun: error: no such store file {} (from {origin}); status, release \
-                     and check never create one (a run or `leaderrun init` does)",
+                let msg = format!(
+                    "no such store file {} (from {origin}); status, release and check never \
+                     create one (a run or `leaderrun init` does)",
                     crate::names::printable(&file.to_string_lossy())
                 );
+                logging::say(Level::ERROR, "store_error", &msg);
                 return exit::FAILURE;
             }
             // The embedded default before its first use: nothing has run
@@ -47,9 +67,6 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
         }
     }
     tracing::info!(event = "store", "store {}", store.describe());
-    if let Admin::Release { name, .. } | Admin::Check { name, .. } = &cmd {
-        crate::logging::set_context(name, "");
-    }
     let res = match cmd {
         Admin::Status { name, json } => {
             let leases = match &name {
@@ -80,10 +97,11 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
                 Ok(0)
             }
             None => {
-                crate::errln!(
-                    "leaderrun: {} keeps no table; there is no SQL to print",
+                let msg = format!(
+                    "{} keeps no table; there is no SQL to print",
                     store.describe()
                 );
+                logging::say(Level::INFO, "no_table", &msg);
                 Ok(0)
             }
         },
@@ -161,10 +179,22 @@ fn status(
     repl: Option<&Replication>,
 ) -> i32 {
     if json {
-        let objs: Vec<String> = leases.iter().map(|l| lease_json(l, repl)).collect();
-        match &name {
-            Some(_) => crate::outln!("{}", objs.first().map(String::as_str).unwrap_or("null")),
-            None => crate::outln!("[{}]", objs.join(",")),
+        let objs: Vec<LeaseJson> = leases.iter().map(|l| LeaseJson::new(l, repl)).collect();
+        // `--name`: the lease's object, or null; otherwise an array.
+        let text = match &name {
+            Some(_) => serde_json::to_string(&objs.first()),
+            None => serde_json::to_string(&objs),
+        };
+        match text {
+            Ok(text) => crate::outln!("{text}"),
+            Err(e) => {
+                logging::say(
+                    Level::ERROR,
+                    "output_failed",
+                    &format!("cannot write JSON: {e}"),
+                );
+                return exit::FAILURE;
+            }
         }
     } else {
         // The header even for no leases: a script or a reader can tell
@@ -212,24 +242,20 @@ fn status(
     }
     if name.is_some() && leases.is_empty() {
         if !json {
-            crate::errln!("leaderrun: no lease named {}", name.unwrap_or_default());
+            let msg = format!("no lease named {}", name.unwrap_or_default());
+            logging::say(Level::WARN, "no_lease", &msg);
         }
         return NO;
     }
     0
 }
 
-/// A time to or since expiry as a person reads it: tenths of a second
-/// below ten seconds, whole seconds above (the store's milliseconds are
-/// noise here; `--json` keeps them).
+/// A time to or since expiry as a person reads it: to a tenth of a second
+/// below ten seconds, then in two or three figures of one unit (the
+/// store's milliseconds are noise here; `--json` keeps them).
 fn ago(ms: i64) -> String {
-    let ms = ms.unsigned_abs();
-    if ms < 10_000 {
-        let tenths = (ms + 50) / 100;
-        format!("{}.{}s", tenths / 10, tenths % 10)
-    } else {
-        humantime::format_duration(Duration::from_secs((ms + 500) / 1000)).to_string()
-    }
+    use crate::duration::{about, show};
+    show(about(Duration::from_millis(ms.unsigned_abs()))).to_string()
 }
 
 fn state(l: &LeaseInfo) -> String {
@@ -243,21 +269,40 @@ fn state(l: &LeaseInfo) -> String {
     }
 }
 
-fn lease_json(l: &LeaseInfo, repl: Option<&Replication>) -> String {
-    let mut j = Json::new();
-    j.str("name", &l.name)
-        .opt_str("holder", l.holder.as_deref())
-        .int("epoch", l.epoch)
-        .bool("live", l.is_live())
-        .opt_int("expires_in_ms", l.expires_in_ms);
-    if let Some(r) = repl {
-        j.str("replication", &r.detail);
-        match r.can_lose_acknowledged {
-            Some(b) => j.bool("failover_can_lose_acquisition", b),
-            None => j.opt_str("failover_can_lose_acquisition", None),
-        };
+/// One lease in `status --json`. Scripts parse these names; the
+/// replication fields are there only when the store was asked.
+#[derive(serde::Serialize)]
+struct LeaseJson<'a> {
+    name: &'a str,
+    holder: Option<&'a str>,
+    epoch: i64,
+    live: bool,
+    expires_in_ms: Option<i64>,
+    #[serde(flatten)]
+    replication: Option<ReplicationJson<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct ReplicationJson<'a> {
+    replication: &'a str,
+    /// `null` when not known.
+    failover_can_lose_acquisition: Option<bool>,
+}
+
+impl<'a> LeaseJson<'a> {
+    fn new(l: &'a LeaseInfo, repl: Option<&'a Replication>) -> LeaseJson<'a> {
+        LeaseJson {
+            name: &l.name,
+            holder: l.holder.as_deref(),
+            epoch: l.epoch,
+            live: l.is_live(),
+            expires_in_ms: l.expires_in_ms,
+            replication: repl.map(|r| ReplicationJson {
+                replication: &r.detail,
+                failover_can_lose_acquisition: r.can_lose_acknowledged,
+            }),
+        }
     }
-    j.finish()
 }
 
 async fn release<S: StoreAdmin>(
@@ -284,10 +329,11 @@ async fn release<S: StoreAdmin>(
 }
 
 fn not_released(name: &str, epoch: Option<i64>) {
-    match epoch {
-        Some(e) => crate::errln!("leaderrun: {name} is not held at epoch {e}; nothing released"),
-        None => crate::errln!("leaderrun: {name} is not held; nothing released"),
-    }
+    let msg = match epoch {
+        Some(e) => format!("{name} is not held at epoch {e}; nothing released"),
+        None => format!("{name} is not held; nothing released"),
+    };
+    logging::say(Level::WARN, "not_released", &msg);
 }
 
 async fn check<S: crate::store::Store>(
@@ -319,6 +365,24 @@ async fn check<S: crate::store::Store>(
 mod tests {
     use super::*;
 
+    /// The bytes scripts parse: keys in this order, control characters
+    /// escaped, text that is not ASCII left as it is.
+    #[test]
+    fn status_json_keeps_its_shape() {
+        let l = LeaseInfo {
+            name: "n".into(),
+            holder: Some("h\"\\\n\u{1}é".into()),
+            epoch: -3,
+            expires_in_ms: Some(1500),
+        };
+        let repl = Replication::unknown("not known (x)");
+        let j = serde_json::to_string(&LeaseJson::new(&l, Some(&repl))).unwrap();
+        assert_eq!(
+            j,
+            r#"{"name":"n","holder":"h\"\\\n\u0001é","epoch":-3,"live":true,"expires_in_ms":1500,"replication":"not known (x)","failover_can_lose_acquisition":null}"#
+        );
+    }
+
     fn info(holder: Option<&str>, ms: Option<i64>) -> LeaseInfo {
         LeaseInfo {
             name: "n".into(),
@@ -333,9 +397,17 @@ mod tests {
     #[test]
     fn a_free_lease_without_a_known_end_shows_no_age() {
         assert_eq!(state(&info(None, None)), "free");
-        assert!(lease_json(&info(None, None), None).contains("\"expires_in_ms\":null"));
+        let j = serde_json::to_string(&LeaseJson::new(&info(None, None), None)).unwrap();
+        assert_eq!(
+            j,
+            r#"{"name":"n","holder":null,"epoch":3,"live":false,"expires_in_ms":null}"#
+        );
         assert_eq!(state(&info(None, Some(-1500))), "free since 1.5s ago");
         assert_eq!(state(&info(Some("h"), Some(2500))), "held, expires in 2.5s");
-        assert_eq!(state(&info(Some("h"), Some(-200))), "expired 0.2s ago");
+        assert_eq!(state(&info(Some("h"), Some(-200))), "expired 200ms ago");
+        assert_eq!(
+            state(&info(Some("h"), Some(365 * 86_400_000 - 700))),
+            "held, expires in 365d"
+        );
     }
 }

@@ -2,12 +2,14 @@
 //! are added, never renamed.
 
 use std::ffi::OsString;
-use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
 use crate::names::{parse_holder, parse_name};
 
+use crate::duration::DurationArg;
+use crate::logging::{self, LogFormat};
+use crate::redact::Secret;
 use crate::timing::parse_duration as duration;
 
 /// The two forms, as `--help` shows them: the run form's COMMAND is the
@@ -201,12 +203,19 @@ fn hanging(term: &str, text: &str) -> String {
     out
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// One line of text per event
-    Text,
-    /// One JSON object per event
-    Json,
+/// `--log-format`'s values. The type is the logging layer's; only its
+/// spelling on the command line is said here.
+impl clap::ValueEnum for LogFormat {
+    fn value_variants<'a>() -> &'a [LogFormat] {
+        &[LogFormat::Text, LogFormat::Json]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use clap::builder::PossibleValue;
+        Some(match self {
+            LogFormat::Text => PossibleValue::new("text").help("One line of text per event"),
+            LogFormat::Json => PossibleValue::new("json").help("One JSON object per event"),
+        })
+    }
 }
 
 #[derive(Debug, Parser)]
@@ -247,7 +256,7 @@ pub struct Common {
         value_name = "URL",
         global = true
     )]
-    pub store: Option<String>,
+    pub store: Option<Secret>,
 
     /// Whether `store` came from `--store` or `LEADERRUN_STORE` (filled in
     /// by [`parse`]; errors name it instead of echoing the URL).
@@ -267,6 +276,17 @@ pub struct Common {
     pub log_format: LogFormat,
 }
 
+impl Common {
+    /// The log settings these flags ask for.
+    pub fn log(&self) -> logging::Settings {
+        logging::Settings {
+            verbose: self.verbose,
+            quiet: self.quiet,
+            format: self.log_format,
+        }
+    }
+}
+
 /// The run form: `leaderrun [OPTIONS] --name <NAME> -- <COMMAND> [ARGS]...`
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -278,19 +298,19 @@ pub struct RunArgs {
 
     /// Lease length L [default: 15s]
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub lease: Option<Duration>,
+    pub lease: Option<DurationArg>,
 
     /// Renew interval R [default: L/3]
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub renew: Option<Duration>,
+    pub renew: Option<DurationArg>,
 
     /// Stop the command when no renewal succeeded for this long, G [default: 2L/3]
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub give_up: Option<Duration>,
+    pub give_up: Option<DurationArg>,
 
     /// Grace between SIGTERM and SIGKILL, K [default: (L-G)/2]
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub kill_after: Option<Duration>,
+    pub kill_after: Option<DurationArg>,
 
     /// Contend until leading (default: try once, skip if held)
     #[arg(long)]
@@ -298,20 +318,20 @@ pub struct RunArgs {
 
     /// With --wait: stop waiting after this long (exit 124)
     #[arg(long, value_name = "DUR", value_parser = duration, requires = "wait")]
-    pub timeout: Option<Duration>,
+    pub timeout: Option<DurationArg>,
 
     /// How often a waiting contender tries, P [default: 2s]
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub retry: Option<Duration>,
+    pub retry: Option<DurationArg>,
 
     /// Keep the lease at least this long after acquiring it
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub min_hold: Option<Duration>,
+    pub min_hold: Option<DurationArg>,
 
     /// Step down after leading this long: stop the command (as on a lost lease), release, wait
     /// until another contender leads (at most one lease length), exit 75
     #[arg(long, value_name = "DUR", value_parser = duration)]
-    pub max_term: Option<Duration>,
+    pub max_term: Option<DurationArg>,
 
     /// Wait by polling only, without the store's push wake-ups (for a Postgres behind PgBouncer
     /// in transaction mode, where LISTEN does not work)
@@ -386,11 +406,22 @@ pub fn parse() -> Result<Cli, clap::Error> {
     Ok(cli)
 }
 
+/// A run-form flag given before a subcommand, which would ignore it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{flag} belongs to the run form, not to `{sub}`; options of `{sub}` go after it \
+     (leaderrun {sub} --help)"
+)]
+pub struct RunFlagBefore {
+    pub flag: String,
+    pub sub: String,
+}
+
 /// The common flags may come before a subcommand (`leaderrun --store URL
 /// status`), as a user of git or systemctl expects; the run form's own flags
 /// may not, since the subcommand would silently ignore them. (`--name` from
 /// `LEADERRUN_NAME` is not an error: the environment is not a request.)
-fn run_flags_before(m: &clap::ArgMatches, sub: &str) -> Result<(), String> {
+fn run_flags_before(m: &clap::ArgMatches, sub: &str) -> Result<(), RunFlagBefore> {
     use clap::parser::ValueSource;
     let run = RunArgs::augment_args(clap::Command::new("run"));
     for arg in run.get_arguments() {
@@ -399,10 +430,10 @@ fn run_flags_before(m: &clap::ArgMatches, sub: &str) -> Result<(), String> {
             let flag = arg
                 .get_long()
                 .map_or_else(|| "COMMAND".to_string(), |l| format!("--{l}"));
-            return Err(format!(
-                "{flag} belongs to the run form, not to `{sub}`; options of `{sub}` go after it \
-                 (leaderrun {sub} --help)"
-            ));
+            return Err(RunFlagBefore {
+                flag,
+                sub: sub.to_string(),
+            });
         }
     }
     Ok(())
@@ -421,6 +452,31 @@ fn store_origin(m: &clap::ArgMatches) -> crate::store::Origin {
         }
     }
     crate::store::Origin::Flag
+}
+
+/// The log format `args` (a whole command line) ask for, read without
+/// clap: for the one line that says why clap refused them. As with clap,
+/// the last `--log-format` counts, and nothing after `--` does.
+pub fn log_format_in(args: impl IntoIterator<Item = OsString>) -> LogFormat {
+    let mut format = LogFormat::Text;
+    let mut args = args.into_iter().skip(1);
+    while let Some(arg) = args.next() {
+        let value = match arg.to_str() {
+            Some("--") => break,
+            Some("--log-format") => args.next(),
+            Some(a) => match a.strip_prefix("--log-format=") {
+                Some(v) => Some(v.into()),
+                None => continue,
+            },
+            None => continue,
+        };
+        match value.as_ref().and_then(|v| v.to_str()) {
+            Some("json") => format = LogFormat::Json,
+            Some("text") => format = LogFormat::Text,
+            _ => {}
+        }
+    }
+    format
 }
 
 /// clap's error, as one line: cron mail and journals keep it whole.
@@ -450,6 +506,67 @@ pub fn one_line_error(e: &clap::Error) -> String {
 mod tests {
     use super::*;
     use crate::timing::{Timing, TimingArgs};
+    use std::time::Duration;
+
+    #[test]
+    fn the_log_format_is_read_from_a_refused_line() {
+        let f = |args: &[&str]| {
+            log_format_in(
+                std::iter::once("leaderrun")
+                    .chain(args.iter().copied())
+                    .map(OsString::from),
+            )
+        };
+        assert_eq!(f(&["--log-format", "json", "check"]), LogFormat::Json);
+        assert_eq!(
+            f(&["status", "--log-format=json", "--bogus"]),
+            LogFormat::Json
+        );
+        assert_eq!(
+            f(&["--log-format", "json", "--log-format", "text"]),
+            LogFormat::Text
+        );
+        assert_eq!(f(&["--bogus"]), LogFormat::Text);
+        assert_eq!(
+            f(&["--name", "x", "--", "cmd", "--log-format", "json"]),
+            LogFormat::Text,
+            "the command's own arguments are not leaderrun's"
+        );
+    }
+
+    /// A password in the store string never reaches a `{:?}` of the
+    /// command line, wherever the string came from.
+    #[test]
+    fn the_command_line_debugs_without_the_password() {
+        for args in [
+            &[
+                "leaderrun",
+                "--store",
+                "postgres://u:Sup3rSecret@h/db",
+                "--name",
+                "x",
+                "--",
+                "true",
+            ][..],
+            &[
+                "leaderrun",
+                "status",
+                "--store",
+                "mysql://u@h/db?password=Sup3rSecret",
+            ],
+            &[
+                "leaderrun",
+                "--store",
+                "host=h password=Sup3rSecret",
+                "init",
+            ],
+        ] {
+            let cli = <Cli as clap::Parser>::try_parse_from(args).expect("parses");
+            let shown = format!("{cli:?}");
+            assert!(!shown.contains("Sup3rSecret"), "{shown}");
+            assert!(shown.contains("store: Some("), "{shown}");
+        }
+    }
 
     /// The defaults in the table are the ones `Timing::resolve` fills in.
     #[test]

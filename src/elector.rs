@@ -25,6 +25,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::clock::{Clock, Stamp};
+use crate::duration::{about, show};
 use crate::store::push::AnyWakeups;
 use crate::store::{LeaseInfo, Store, StoreError};
 use crate::timing::Timing;
@@ -56,7 +57,7 @@ impl std::fmt::Display for LossReason {
             LossReason::WokeLate(by) => write!(
                 f,
                 "woke up {} past the give-up deadline (frozen or suspended)",
-                humantime::format_duration(round_ms(*by))
+                show(*by)
             ),
             LossReason::Superseded => {
                 f.write_str("the renewal matched nothing: another holder has the lease")
@@ -122,10 +123,6 @@ pub struct Elector<S, C> {
 /// attempt; this keeps that rare.
 const EXPIRY_MARGIN: Duration = Duration::from_millis(10);
 
-fn round_ms(d: Duration) -> Duration {
-    Duration::from_millis(d.as_millis() as u64)
-}
-
 impl<S: Store, C: Clock> Elector<S, C> {
     pub fn new(store: S, clock: C, name: String, holder: String, timing: Timing) -> Self {
         Elector {
@@ -165,7 +162,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
         let res = tokio::select! {
             biased;
             _ = self.clock.sleep_until(until) => Err(StoreError::Unavailable(format!(
-                "no subscription within {}", humantime::format_duration(round_ms(budget))))),
+                "no subscription within {}", show(budget)))),
             r = w.arm(&self.name) => r,
         };
         match res {
@@ -196,7 +193,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
             tracing::info!(
                 event = "push_broken",
                 "push wake-ups unavailable ({e}); polling every {} until they work again",
-                humantime::format_duration(self.timing.retry)
+                show(self.timing.retry)
             );
             self.push_broken = true;
         }
@@ -223,7 +220,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
         let res = tokio::select! {
             biased;
             _ = self.clock.sleep_until(deadline) => Err(StoreError::Unavailable(format!(
-                "no answer from the store within {}", humantime::format_duration(round_ms(budget))))),
+                "no answer from the store within {}", show(budget)))),
             r = self.store.acquire(&self.name, &self.holder, self.timing.lease, budget) => r,
         };
         let Some(epoch) = res? else { return Ok(None) };
@@ -234,7 +231,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
                 .await;
             return Err(StoreError::Unavailable(format!(
                 "the store confirmed the lease only after {}, too late to use it",
-                humantime::format_duration(round_ms(late))
+                show(late)
             )));
         }
         Ok(Some(Lease {
@@ -341,7 +338,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
                         tracing::warn!(
                             event = "store_error",
                             "{e}; retrying every {}",
-                            humantime::format_duration(self.timing.retry)
+                            show(self.timing.retry)
                         );
                         failing = true;
                     } else {
@@ -428,7 +425,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
                 biased;
                 _ = self.clock.sleep_until(deadline) => return lost(self.late_or_gave_up(deadline)),
                 _ = self.clock.sleep_until(sent + budget) => Err(StoreError::Unavailable(format!(
-                    "no answer within {}", humantime::format_duration(round_ms(budget))))),
+                    "no answer within {}", show(budget)))),
                 r = self.store.renew(&self.name, &self.holder, lease.epoch, t.lease, budget) => r,
             };
             let now = self.clock.now();
@@ -464,7 +461,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
                         event = "renew_failed",
                         epoch = lease.epoch,
                         "renewal failed ({e}); giving up in {} unless a retry succeeds",
-                        humantime::format_duration(round_ms(left))
+                        show(left)
                     );
                     // The first retry goes out at once: the failed call's
                     // connection is gone, and a fresh one often works (a
@@ -586,7 +583,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
             let res = tokio::select! {
                 biased;
                 _ = self.clock.sleep_until(sent + budget) => Err(StoreError::Unavailable(format!(
-                    "no answer within {}", humantime::format_duration(round_ms(budget))))),
+                    "no answer within {}", show(budget)))),
                 r = self.store.release(&self.name, &self.holder, epoch, keep, budget) => r,
             };
             let e = match res {
@@ -618,7 +615,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
                     event = "release_failed",
                     epoch,
                     "could not release ({e}); retrying for up to {}",
-                    humantime::format_duration(round_ms(left))
+                    show(left)
                 );
             } else {
                 tracing::debug!(event = "release_failed", epoch, "{e}");
@@ -649,7 +646,7 @@ impl<S: Store, C: Clock> Elector<S, C> {
                 event = "released",
                 epoch,
                 "released; kept for another {} (--min-hold)",
-                humantime::format_duration(round_ms(keep))
+                show(keep)
             );
         }
     }
@@ -664,8 +661,9 @@ pub fn describe_held(info: &LeaseInfo) -> String {
             "lease {} held by {h} (epoch {}) for another {}",
             info.name,
             info.epoch,
-            // whole seconds, rounded up: a status line, not a measurement
-            humantime::format_duration(Duration::from_secs((ms as u64).div_ceil(1000)))
+            // whole seconds, rounded up, in two or three figures: a status
+            // line, not a measurement
+            show(about(Duration::from_secs((ms as u64).div_ceil(1000))))
         ),
         (Some(h), _) => format!(
             "lease {} held by {h} (epoch {}), expired",

@@ -25,8 +25,8 @@ fn at(n: u64) -> Stamp {
 /// L = 3 s, R = 1 s, G = 2 s, K = 0.5 s, P = 0.4 s.
 fn timing() -> Timing {
     Timing::resolve(TimingArgs {
-        lease: Some(ms(3000)),
-        retry: Some(ms(400)),
+        lease: Some(ms(3000).into()),
+        retry: Some(ms(400).into()),
         ..Default::default()
     })
     .unwrap()
@@ -412,8 +412,8 @@ fn held_for(ms_left: i64) -> Option<LeaseInfo> {
 /// is not the poll.
 fn slow_poll() -> Timing {
     Timing::resolve(TimingArgs {
-        lease: Some(ms(3000)),
-        retry: Some(ms(10_000)),
+        lease: Some(ms(3000).into()),
+        retry: Some(ms(10_000).into()),
         ..Default::default()
     })
     .unwrap()
@@ -715,7 +715,7 @@ async fn store_recovered_follows_an_outage_that_ends_in_acquiring() {
 }
 
 /// The reason a stop names in the log is the one that happened, with the
-/// lateness in whole milliseconds.
+/// lateness rounded to the millisecond.
 #[test]
 fn loss_reasons_read_as_what_happened() {
     assert_eq!(
@@ -724,7 +724,7 @@ fn loss_reasons_read_as_what_happened() {
     );
     assert_eq!(
         LossReason::WokeLate(Duration::from_micros(5_250_700)).to_string(),
-        "woke up 5s 250ms past the give-up deadline (frozen or suspended)"
+        "woke up 5.251s past the give-up deadline (frozen or suspended)"
     );
     assert_eq!(
         LossReason::Superseded.to_string(),
@@ -811,7 +811,7 @@ async fn a_grant_read_after_a_freeze_past_g_is_handed_back() {
     match w {
         Waited::Failed(StoreError::Unavailable(m)) => assert_eq!(
             m,
-            "the store confirmed the lease only after 2s 100ms, too late to use it"
+            "the store confirmed the lease only after 2.1s, too late to use it"
         ),
         w => panic!("{w:?}"),
     }

@@ -6,11 +6,11 @@
 pub mod admin;
 pub mod cli;
 pub mod clock;
+pub mod duration;
 pub mod elector;
 pub mod exit;
 pub mod fork;
 pub mod generate;
-pub mod json;
 pub mod logging;
 pub mod names;
 pub mod redact;

@@ -11,9 +11,10 @@
 //! `event`, `name`, `epoch`, `holder` and `message`.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::OnceLock;
 
+use serde::ser::{Serialize, Serializer};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
@@ -21,14 +22,18 @@ use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::cli::LogFormat;
-use crate::json::{escape_into, Json};
-
 /// Lease name and holder id, the same for every line of one process.
 static CONTEXT: OnceLock<(String, String)> = OnceLock::new();
 
 pub fn set_context(name: &str, holder: &str) {
     let _ = CONTEXT.set((name.to_string(), holder.to_string()));
+}
+
+fn context() -> (Option<&'static str>, Option<&'static str>) {
+    match CONTEXT.get() {
+        Some((n, h)) => (Some(n.as_str()), Some(h.as_str())),
+        None => (None, None),
+    }
 }
 
 /// The epoch this process holds, once it holds one: lines about the
@@ -46,7 +51,41 @@ fn held_epoch() -> Option<i64> {
     Some(EPOCH.load(Ordering::Relaxed)).filter(|e| *e != NO_EPOCH)
 }
 
-pub fn init(verbose: u8, quiet: bool, format: LogFormat) {
+/// How log lines are written on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// One line of text per event.
+    #[default]
+    Text,
+    /// One JSON object per event.
+    Json,
+}
+
+/// What `-v`, `-q` and `--log-format` asked for: leaderrun and its watchdog
+/// log alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Settings {
+    pub verbose: u8,
+    pub quiet: bool,
+    pub format: LogFormat,
+}
+
+/// Whether lines are JSON: set once, by [`init`] or [`set_format`].
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// The format for [`say`] when [`init`] is not called: a command line that
+/// clap refused still says why in the format it asked for.
+pub fn set_format(format: LogFormat) {
+    JSON.store(format == LogFormat::Json, Ordering::Relaxed);
+}
+
+pub fn init(s: Settings) {
+    let Settings {
+        verbose,
+        quiet,
+        format,
+    } = s;
+    set_format(format);
     let level = match (quiet, verbose) {
         (true, _) => Level::ERROR,
         (false, 0) => Level::WARN,
@@ -60,6 +99,40 @@ pub fn init(verbose: u8, quiet: bool, format: LogFormat) {
             json: format == LogFormat::Json,
         })
         .try_init();
+}
+
+/// A line that answers or refuses on its own (a subcommand's "no", a
+/// refused command line, a store that cannot be opened): written whatever
+/// `-v` and `-q` say, as `leaderrun: <message>` (`leaderrun: error:
+/// <message>` at ERROR) or, with `--log-format json`, as an event shaped
+/// like every other line.
+pub fn say(level: Level, event: &str, message: &str) {
+    let line = if JSON.load(Ordering::Relaxed) {
+        let mut time = String::new();
+        let _ = SystemTime.format_time(&mut Writer::new(&mut time));
+        let (name, holder) = context();
+        let line = JsonLine {
+            time: &time,
+            level: &level.as_str().to_ascii_lowercase(),
+            event,
+            name,
+            epoch: held_epoch(),
+            holder,
+            message,
+            extra: Extra(&[]),
+        };
+        match serde_json::to_string(&line) {
+            Ok(l) => l,
+            // Strings and integers under string keys cannot fail to
+            // serialize; were it to happen, the reader still gets JSON.
+            Err(_) => r#"{"level":"error","event":"log_failed"}"#.to_string(),
+        }
+    } else if level == Level::ERROR {
+        format!("leaderrun: error: {message}")
+    } else {
+        format!("leaderrun: {message}")
+    };
+    crate::stderr::write(format!("{line}\n").into_bytes());
 }
 
 /// Keys every JSON line has; an event field of the same name is dropped.
@@ -81,6 +154,8 @@ struct Fields {
 }
 
 /// An extra field's value: numbers stay numbers in JSON (`"pid":812`).
+#[derive(serde::Serialize)]
+#[serde(untagged)]
 enum Value {
     Int(i64),
     Text(String),
@@ -92,6 +167,37 @@ impl fmt::Display for Value {
             Value::Int(n) => write!(f, "{n}"),
             Value::Text(s) => f.write_str(s),
         }
+    }
+}
+
+/// One JSON log line: the standard keys in this order, always present
+/// (`null` when unknown), then the event's own fields, still flat.
+/// serde_json escapes every control character, so a line is one line
+/// whatever a message or a holder holds.
+#[derive(serde::Serialize)]
+struct JsonLine<'a> {
+    time: &'a str,
+    level: &'a str,
+    event: &'a str,
+    name: Option<&'a str>,
+    epoch: Option<i64>,
+    holder: Option<&'a str>,
+    message: &'a str,
+    #[serde(flatten)]
+    extra: Extra<'a>,
+}
+
+/// The event's own fields, minus any that would repeat a standard key.
+struct Extra<'a>(&'a [(&'static str, Value)]);
+
+impl Serialize for Extra<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(
+            self.0
+                .iter()
+                .filter(|(k, _)| !STANDARD.contains(k))
+                .map(|(k, v)| (k, v)),
+        )
     }
 }
 
@@ -138,36 +244,19 @@ where
         let mut time = String::new();
         SystemTime.format_time(&mut Writer::new(&mut time))?;
         let level = event.metadata().level();
-        let (name, holder) = match CONTEXT.get() {
-            Some((n, h)) => (Some(n.as_str()), Some(h.as_str())),
-            None => (None, None),
-        };
+        let (name, holder) = context();
         if self.json {
-            let mut j = Json::new();
-            j.str("time", &time)
-                .str("level", &level.as_str().to_ascii_lowercase())
-                .str("event", f.event.as_deref().unwrap_or("log"))
-                .opt_str("name", name);
-            match f.epoch {
-                Some(e) => j.int("epoch", e),
-                None => j.opt_str("epoch", None),
+            let line = JsonLine {
+                time: &time,
+                level: &level.as_str().to_ascii_lowercase(),
+                event: f.event.as_deref().unwrap_or("log"),
+                name,
+                epoch: f.epoch,
+                holder,
+                message: &f.message,
+                extra: Extra(&f.rest),
             };
-            j.opt_str("holder", holder).str("message", &f.message);
-            let mut line = j.finish();
-            // Extra fields (pid, …) go at the end, still flat.
-            if !f.rest.is_empty() {
-                line.pop();
-                for (k, v) in f.rest.iter().filter(|(k, _)| !STANDARD.contains(k)) {
-                    line.push(',');
-                    escape_into(&mut line, k);
-                    line.push(':');
-                    match v {
-                        Value::Int(n) => line.push_str(&n.to_string()),
-                        Value::Text(t) => escape_into(&mut line, t),
-                    }
-                }
-                line.push('}');
-            }
+            let line = serde_json::to_string(&line).map_err(|_| fmt::Error)?;
             writeln!(w, "{line}")
         } else {
             write!(w, "{time} {level:>5} {}", f.message)?;
@@ -179,5 +268,36 @@ where
             }
             writeln!(w)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes a log reader parses: standard keys first and always
+    /// there, numbers as numbers, an extra field that repeats a standard
+    /// key dropped, every control character escaped.
+    #[test]
+    fn a_json_line_keeps_its_shape() {
+        let rest = [
+            ("pid", Value::Int(812)),
+            ("name", Value::Text("not the lease".into())),
+            ("signal", Value::Text("SIGTERM".into())),
+        ];
+        let line = JsonLine {
+            time: "2026-01-02T03:04:05.000006Z",
+            level: "warn",
+            event: "kill",
+            name: Some("job"),
+            epoch: None,
+            holder: Some("h\"1"),
+            message: "x\"y\\z\n\r\t\u{1}\u{1f}é",
+            extra: Extra(&rest),
+        };
+        assert_eq!(
+            serde_json::to_string(&line).unwrap(),
+            r#"{"time":"2026-01-02T03:04:05.000006Z","level":"warn","event":"kill","name":"job","epoch":null,"holder":"h\"1","message":"x\"y\\z\n\r\t\u0001\u001fé","pid":812,"signal":"SIGTERM"}"#
+        );
     }
 }

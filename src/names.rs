@@ -8,44 +8,60 @@
 pub const MAX_NAME: usize = 128;
 pub const MAX_HOLDER: usize = 256;
 
-pub fn parse_name(s: &str) -> Result<String, String> {
+/// Why a lease name is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("lease name must not be empty")]
+    Empty,
+    #[error("lease name is {len} characters long; at most {MAX_NAME} allowed")]
+    TooLong { len: usize },
+    #[error("lease name contains {found:?}; allowed are letters, digits, '.', '_' and '-'")]
+    Character { found: char },
+    #[error("lease name must not start with '-' or '.'")]
+    Start,
+}
+
+pub fn parse_name(s: &str) -> Result<String, NameError> {
     if s.is_empty() {
-        return Err("lease name must not be empty".into());
+        return Err(NameError::Empty);
     }
     if s.len() > MAX_NAME {
-        return Err(format!(
-            "lease name is {} characters long; at most {MAX_NAME} allowed",
-            s.len()
-        ));
+        return Err(NameError::TooLong { len: s.len() });
     }
-    if let Some(c) = s
+    if let Some(found) = s
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return Err(format!(
-            "lease name contains {c:?}; allowed are letters, digits, '.', '_' and '-'"
-        ));
+        return Err(NameError::Character { found });
     }
     if s.starts_with(['-', '.']) {
-        return Err("lease name must not start with '-' or '.'".into());
+        return Err(NameError::Start);
     }
     Ok(s.to_string())
 }
 
+/// Why a holder id is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HolderError {
+    #[error("holder id must not be empty")]
+    Empty,
+    #[error("holder id is {len} bytes long; at most {MAX_HOLDER} allowed")]
+    TooLong { len: usize },
+    #[error("holder id must not contain control characters")]
+    Control,
+}
+
 /// Holder ids are free text for humans (hostnames, pod names), but bounded and
 /// printable so they cannot break a log line or a status table.
-pub fn parse_holder(s: &str) -> Result<String, String> {
+pub fn parse_holder(s: &str) -> Result<String, HolderError> {
     if s.is_empty() {
-        return Err("holder id must not be empty".into());
+        return Err(HolderError::Empty);
     }
     if s.len() > MAX_HOLDER {
-        return Err(format!(
-            "holder id is {} bytes long; at most {MAX_HOLDER} allowed",
-            s.len()
-        ));
+        return Err(HolderError::TooLong { len: s.len() });
     }
     if s.chars().any(|c| c.is_control()) {
-        return Err("holder id must not contain control characters".into());
+        return Err(HolderError::Control);
     }
     Ok(s.to_string())
 }
@@ -151,6 +167,14 @@ mod tests {
         ] {
             assert!(parse_name(bad).is_err(), "{bad:?} accepted");
         }
+        assert_eq!(
+            parse_name("a b").unwrap_err().to_string(),
+            "lease name contains ' '; allowed are letters, digits, '.', '_' and '-'"
+        );
+        assert_eq!(
+            parse_name(&"x".repeat(129)),
+            Err(NameError::TooLong { len: 129 })
+        );
     }
 
     #[test]
@@ -167,7 +191,7 @@ mod tests {
     fn holders() {
         assert!(parse_holder("host-b:812").is_ok());
         assert!(parse_holder("").is_err());
-        assert!(parse_holder("a\nb").is_err());
+        assert_eq!(parse_holder("a\nb"), Err(HolderError::Control));
         assert!(parse_holder(&"h".repeat(257)).is_err());
         let d = default_holder();
         assert_eq!(d.split(':').count(), 3, "{d}");

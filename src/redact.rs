@@ -63,6 +63,44 @@ impl Redacted {
     }
 }
 
+/// A store string as given (`--store`, `LEADERRUN_STORE`), which may hold
+/// a password. Its `Debug` shows the redacted URL when the string parses as
+/// one, else `<hidden>`, so a `{:?}` of the command line or of a
+/// configuration never prints the password; it has no `Display`. The text
+/// itself is had only by asking for it ([`Secret::expose`]), where the
+/// store is opened.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_exposed(self) -> String {
+        self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Secret {
+        Secret(s)
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            // The embedded store: nothing to hide, and worth telling apart.
+            return f.write_str("\"\"");
+        }
+        match url::Url::parse(&self.0) {
+            Ok(u) => fmt::Debug::fmt(Redacted::new(&u).url(), f),
+            Err(_) => f.write_str("<hidden>"),
+        }
+    }
+}
+
 /// The scheme of `raw` when it plainly starts with one (`[a-z][a-z0-9+.-]*`
 /// followed by `://`), else `None`. This is the only part of a store string
 /// that is shown when the string is not understood.
@@ -122,6 +160,21 @@ mod tests {
         ] {
             assert_eq!(shown(u), u);
         }
+    }
+
+    #[test]
+    fn a_secret_debugs_without_its_password() {
+        let d = |s: &str| format!("{:?}", Secret::from(s.to_string()));
+        assert_eq!(
+            d("postgres://app:hunter2@db/jobs?password=hunter3"),
+            r#""postgres://app:***@db/jobs?password=***""#
+        );
+        assert_eq!(d("host=db password=hunter2"), "<hidden>");
+        assert_eq!(d("etcd://u:hunter2@a:2379,b:2379"), "<hidden>");
+        assert_eq!(d("sqlite:///var/lib/x.db"), r#""sqlite:///var/lib/x.db""#);
+        assert_eq!(d(""), r#""""#);
+        let s = Secret::from("redis://:hunter2@h".to_string());
+        assert_eq!(s.expose(), "redis://:hunter2@h");
     }
 
     #[test]

@@ -13,7 +13,8 @@ use std::fmt::Write as _;
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::elector::{describe_held, Observer};
 use crate::store::LeaseInfo;
@@ -180,7 +181,9 @@ impl Reporter {
             "gauge",
             at,
         );
-        metrics_writer().put(path.clone(), m);
+        if let Some(w) = metrics_writer() {
+            w.put(path.clone(), m);
+        }
     }
 }
 
@@ -213,9 +216,16 @@ impl Observer for Shared {
 /// The metrics file is written by a thread of its own (docs/contract.md §10): a
 /// slow or hung filesystem (NFS, a full disk) must not hold up the lease
 /// loop. Only the newest content matters, so a write still pending is
-/// replaced, never queued.
+/// replaced, never queued. The lock is held only to swap the pending
+/// content, never across a write, so [`MetricsWriter::put`] cannot wait for
+/// the file; the thread sleeps until there is something to write.
 struct MetricsWriter {
-    slot: std::sync::Arc<(std::sync::Mutex<Pending>, std::sync::Condvar)>,
+    state: Mutex<Pending>,
+    /// Signalled when content is put: the writer thread waits on it.
+    work: Condvar,
+    /// Signalled when the writer has nothing left: [`flush_metrics`] waits
+    /// on it.
+    idle: Condvar,
 }
 
 /// The newest content not yet written, and whether a write is under way.
@@ -225,43 +235,75 @@ struct Pending {
     writing: bool,
 }
 
-static WRITER: std::sync::OnceLock<MetricsWriter> = std::sync::OnceLock::new();
+static WRITER: OnceLock<Option<Arc<MetricsWriter>>> = OnceLock::new();
 
-fn metrics_writer() -> &'static MetricsWriter {
-    WRITER.get_or_init(|| {
-        let slot: std::sync::Arc<(std::sync::Mutex<Pending>, std::sync::Condvar)> =
-            std::sync::Arc::default();
-        let s = slot.clone();
-        let _ = std::thread::Builder::new()
-            .name("metrics".into())
-            .spawn(move || loop {
-                let next = {
-                    let Ok(mut g) = s.0.lock() else { return };
-                    while g.next.is_none() {
-                        g = match s.1.wait(g) {
-                            Ok(g) => g,
-                            Err(_) => return,
-                        };
-                    }
-                    g.writing = true;
-                    g.next.take()
-                };
-                if let Some((path, text)) = next {
-                    write_atomically(&path, &text);
-                }
-                if let Ok(mut g) = s.0.lock() {
-                    g.writing = false;
-                }
-            });
-        MetricsWriter { slot }
-    })
+fn metrics_writer() -> Option<&'static MetricsWriter> {
+    WRITER.get_or_init(MetricsWriter::start).as_deref()
 }
 
 impl MetricsWriter {
+    /// The writer and its thread; `None` if no thread can be started (the
+    /// metrics are then not written, and nothing else changes).
+    fn start() -> Option<Arc<MetricsWriter>> {
+        let w = Arc::new(MetricsWriter {
+            state: Mutex::default(),
+            work: Condvar::new(),
+            idle: Condvar::new(),
+        });
+        let mine = w.clone();
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || mine.run())
+            .ok()?;
+        Some(w)
+    }
+
+    /// The thread: take the newest content, write it without the lock, and
+    /// say so when nothing newer came meanwhile.
+    fn run(&self) {
+        loop {
+            let (path, text) = {
+                let Ok(mut g) = self.state.lock() else { return };
+                loop {
+                    if let Some(next) = g.next.take() {
+                        g.writing = true;
+                        break next;
+                    }
+                    g = match self.work.wait(g) {
+                        Ok(g) => g,
+                        Err(_) => return,
+                    };
+                }
+            };
+            write_atomically(&path, &text);
+            let Ok(mut g) = self.state.lock() else { return };
+            g.writing = false;
+            if g.next.is_none() {
+                self.idle.notify_all();
+            }
+        }
+    }
+
     fn put(&self, path: PathBuf, text: String) {
-        if let Ok(mut g) = self.slot.0.lock() {
+        if let Ok(mut g) = self.state.lock() {
             g.next = Some((path, text));
-            self.slot.1.notify_one();
+            self.work.notify_one();
+        }
+    }
+
+    /// Wait (at most `limit`) until nothing is pending or being written.
+    fn flush(&self, limit: Duration) {
+        let until = Instant::now() + limit;
+        let Ok(mut g) = self.state.lock() else { return };
+        while g.next.is_some() || g.writing {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            g = match self.idle.wait_timeout(g, left) {
+                Ok((g, _)) => g,
+                Err(_) => return,
+            };
         }
     }
 }
@@ -282,14 +324,61 @@ fn write_atomically(path: &std::path::Path, text: &str) {
 
 /// Wait (at most `limit`) for a pending metrics write: called before exit,
 /// so the file's last state is the one written.
-pub fn flush_metrics(limit: std::time::Duration) {
-    let t0 = std::time::Instant::now();
-    let Some(w) = WRITER.get() else { return };
-    while t0.elapsed() < limit {
-        match w.slot.0.lock() {
-            Ok(g) if g.next.is_some() || g.writing => {}
-            _ => return,
+pub fn flush_metrics(limit: Duration) {
+    if let Some(w) = WRITER.get().and_then(Option::as_deref) {
+        w.flush(limit);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write that hangs (here: the temporary file is a FIFO nobody
+    /// reads, as a hung NFS mount would hang it) holds up neither `put`,
+    /// which the lease loop calls, nor an exit's flush beyond its limit;
+    /// once it unsticks, the newest content is what ends up in the file.
+    #[test]
+    fn a_hung_write_blocks_neither_put_nor_flush_past_its_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.prom");
+        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+        nix::unistd::mkfifo(&tmp, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let w = MetricsWriter::start().unwrap();
+        w.put(path.clone(), "first\n".into());
+        for _ in 0..5_000 {
+            if w.state.lock().unwrap().writing {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
-        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(w.state.lock().unwrap().writing, "the writer never started");
+        let t0 = Instant::now();
+        for i in 0..1_000 {
+            w.put(path.clone(), format!("v{i}\n"));
+        }
+        assert!(t0.elapsed() < Duration::from_millis(200), "put waited");
+        let t0 = Instant::now();
+        w.flush(Duration::from_millis(300));
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+        // Unstick it: the hung write delivers what it held, and the newest
+        // content follows at once.
+        assert_eq!(std::fs::read_to_string(&tmp).unwrap(), "first\n");
+        let t0 = Instant::now();
+        w.flush(Duration::from_secs(10));
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "v999\n");
+    }
+
+    #[test]
+    fn flush_returns_at_once_when_nothing_is_pending() {
+        let w = MetricsWriter::start().unwrap();
+        let t0 = Instant::now();
+        w.flush(Duration::from_secs(10));
+        assert!(t0.elapsed() < Duration::from_secs(1));
     }
 }

@@ -18,7 +18,7 @@ fn timing() -> Timing {
 
 fn lease(l: u64) -> Timing {
     Timing::resolve(TimingArgs {
-        lease: Some(ms(l)),
+        lease: Some(ms(l).into()),
         ..Default::default()
     })
     .expect("a valid timing")
@@ -52,8 +52,8 @@ fn the_watchdogs_grace_is_a_quarter_of_k_when_that_is_less() {
     assert_eq!(p.kill_at(), at(500));
     // Exactly 400 ms of K: the cap and the quarter agree.
     let t = Timing::resolve(TimingArgs {
-        lease: Some(ms(3000)),
-        kill_after: Some(ms(400)),
+        lease: Some(ms(3000).into()),
+        kill_after: Some(ms(400).into()),
         ..Default::default()
     })
     .expect("valid");

@@ -18,8 +18,9 @@
 //! | `K` | `(L-G)/2` | `K` after SIGTERM: SIGKILL; `G + K < L` is required |
 //! | `P` | 2s | a waiting contender's poll interval; caps the renewal retry |
 
-use std::fmt;
 use std::time::Duration;
+
+use crate::duration::{show, DurationArg};
 
 /// Validated timing configuration. Construct with [`Timing::resolve`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,14 +32,15 @@ pub struct Timing {
     pub retry: Duration,
 }
 
-/// What the user asked for; `None` means "use the default".
-#[derive(Debug, Clone, Copy, Default)]
+/// What the user asked for; `None` means "use the default". A value typed
+/// on the command line keeps its text, so that a refusal quotes it.
+#[derive(Debug, Clone, Default)]
 pub struct TimingArgs {
-    pub lease: Option<Duration>,
-    pub renew: Option<Duration>,
-    pub give_up: Option<Duration>,
-    pub kill_after: Option<Duration>,
-    pub retry: Option<Duration>,
+    pub lease: Option<DurationArg>,
+    pub renew: Option<DurationArg>,
+    pub give_up: Option<DurationArg>,
+    pub kill_after: Option<DurationArg>,
+    pub retry: Option<DurationArg>,
 }
 
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
@@ -62,97 +64,113 @@ pub const MIN_CALL: Duration = Duration::from_millis(50);
 /// 1ns` would spin one at 100 %).
 pub const MIN_RETRY: Duration = Duration::from_millis(50);
 
-/// A violated relation, worded for the person who typed the flags.
+/// A violated relation, worded for the person who typed the flags: each
+/// value as typed, or as computed when it is a default.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct TimingError(String);
-
-struct Show(Duration);
-impl fmt::Display for Show {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", humantime::format_duration(self.0))
-    }
+pub enum TimingError {
+    #[error("{flag} must be longer than zero")]
+    Zero { flag: &'static str },
+    #[error("{flag} ({value}) is longer than the maximum ({})", show(MAX_DURATION))]
+    TooLong {
+        flag: &'static str,
+        value: DurationArg,
+    },
+    #[error("--give-up ({give_up}) must be shorter than --lease ({lease})")]
+    GiveUpPastLease {
+        give_up: DurationArg,
+        lease: DurationArg,
+    },
+    #[error("--renew ({renew}) must be shorter than --give-up ({give_up})")]
+    RenewPastGiveUp {
+        renew: DurationArg,
+        give_up: DurationArg,
+    },
+    #[error(
+        "--give-up ({give_up}) must be at least {} longer than --renew ({renew}), \
+         so that a failed renewal can be retried before giving up",
+        show(MIN_RETRY_ROOM)
+    )]
+    NoRoomToRetry {
+        give_up: DurationArg,
+        renew: DurationArg,
+    },
+    #[error("--give-up ({give_up}) plus --kill-after ({kill_after}) must be shorter than --lease ({lease})")]
+    KillPastLease {
+        give_up: DurationArg,
+        kill_after: DurationArg,
+        lease: DurationArg,
+    },
+    #[error(
+        "--retry ({retry}) must be at least {}, so that a waiting contender does not busy a core",
+        show(MIN_RETRY)
+    )]
+    RetryTooShort { retry: DurationArg },
 }
 
 impl Timing {
     /// Fill in defaults (derived from whatever the user did give) and check
     /// `0 < R < G`, `G − R ≥ 100ms`, `G + K < L`, `P ≥ 50ms`.
     pub fn resolve(a: TimingArgs) -> Result<Timing, TimingError> {
-        let lease = a.lease.unwrap_or(DEFAULT_LEASE);
-        if lease.is_zero() {
-            return Err(TimingError("--lease must be longer than zero".into()));
+        let lease = a.lease.unwrap_or_else(|| DEFAULT_LEASE.into());
+        let l = lease.value();
+        if l.is_zero() {
+            return Err(TimingError::Zero { flag: "--lease" });
         }
         for (flag, d) in [
-            ("--lease", Some(lease)),
-            ("--renew", a.renew),
-            ("--give-up", a.give_up),
-            ("--kill-after", a.kill_after),
-            ("--retry", a.retry),
+            ("--lease", Some(&lease)),
+            ("--renew", a.renew.as_ref()),
+            ("--give-up", a.give_up.as_ref()),
+            ("--kill-after", a.kill_after.as_ref()),
+            ("--retry", a.retry.as_ref()),
         ] {
-            if let Some(d) = d {
-                if d > MAX_DURATION {
-                    return Err(TimingError(format!(
-                        "{flag} ({}) is longer than the maximum ({})",
-                        Show(d),
-                        Show(MAX_DURATION)
-                    )));
-                }
+            if let Some(d) = d.filter(|d| d.value() > MAX_DURATION) {
+                return Err(TimingError::TooLong {
+                    flag,
+                    value: d.clone(),
+                });
             }
         }
-        let give_up = a.give_up.unwrap_or(lease * 2 / 3);
-        let renew = a.renew.unwrap_or(lease / 3);
+        let give_up = a.give_up.unwrap_or_else(|| (l * 2 / 3).into());
+        let renew = a.renew.unwrap_or_else(|| (l / 3).into());
         let kill_after = a
             .kill_after
-            .unwrap_or_else(|| lease.saturating_sub(give_up) / 2);
-        let retry = a.retry.unwrap_or(DEFAULT_RETRY);
+            .unwrap_or_else(|| (l.saturating_sub(give_up.value()) / 2).into());
+        let retry = a.retry.unwrap_or_else(|| DEFAULT_RETRY.into());
+        let (r, g, k, p) = (
+            renew.value(),
+            give_up.value(),
+            kill_after.value(),
+            retry.value(),
+        );
 
-        if renew.is_zero() {
-            return Err(TimingError("--renew must be longer than zero".into()));
+        if r.is_zero() {
+            return Err(TimingError::Zero { flag: "--renew" });
         }
-        if give_up >= lease {
-            return Err(TimingError(format!(
-                "--give-up ({}) must be shorter than --lease ({})",
-                Show(give_up),
-                Show(lease)
-            )));
+        if g >= l {
+            return Err(TimingError::GiveUpPastLease { give_up, lease });
         }
-        if renew >= give_up {
-            return Err(TimingError(format!(
-                "--renew ({}) must be shorter than --give-up ({})",
-                Show(renew),
-                Show(give_up)
-            )));
+        if r >= g {
+            return Err(TimingError::RenewPastGiveUp { renew, give_up });
         }
-        if give_up - renew < MIN_RETRY_ROOM {
-            return Err(TimingError(format!(
-                "--give-up ({}) must be at least {} longer than --renew ({}), \
-                 so that a failed renewal can be retried before giving up",
-                Show(give_up),
-                Show(MIN_RETRY_ROOM),
-                Show(renew)
-            )));
+        if g - r < MIN_RETRY_ROOM {
+            return Err(TimingError::NoRoomToRetry { give_up, renew });
         }
-        if give_up + kill_after >= lease {
-            return Err(TimingError(format!(
-                "--give-up ({}) plus --kill-after ({}) must be shorter than --lease ({})",
-                Show(give_up),
-                Show(kill_after),
-                Show(lease)
-            )));
+        if g + k >= l {
+            return Err(TimingError::KillPastLease {
+                give_up,
+                kill_after,
+                lease,
+            });
         }
-        if retry < MIN_RETRY {
-            return Err(TimingError(format!(
-                "--retry ({}) must be at least {}, so that a waiting contender does not busy a core",
-                Show(retry),
-                Show(MIN_RETRY)
-            )));
+        if p < MIN_RETRY {
+            return Err(TimingError::RetryTooShort { retry });
         }
         Ok(Timing {
-            lease,
-            renew,
-            give_up,
-            kill_after,
-            retry,
+            lease: l,
+            renew: r,
+            give_up: g,
+            kill_after: k,
+            retry: p,
         })
     }
 }
@@ -177,24 +195,37 @@ impl Timing {
     }
 }
 
-/// A duration from the command line, bounded by [`MAX_ANY_DURATION`].
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+/// A duration flag's value that cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DurationError {
+    /// Not a duration at all (humantime's own wording).
+    #[error(transparent)]
+    Unreadable(#[from] humantime::DurationError),
+    #[error("{text} is longer than the maximum of {} days", MAX_ANY_DURATION.as_secs() / 86_400)]
+    TooLong { text: String },
+}
+
+/// A duration from the command line, bounded by [`MAX_ANY_DURATION`], with
+/// the text it was typed as.
+pub fn parse_duration(s: &str) -> Result<DurationArg, DurationError> {
+    let d = humantime::parse_duration(s)?;
     if d > MAX_ANY_DURATION {
-        return Err(format!(
-            "{s} is longer than the maximum of {} days",
-            MAX_ANY_DURATION.as_secs() / 86_400
-        ));
+        return Err(DurationError::TooLong {
+            text: s.to_string(),
+        });
     }
-    Ok(d)
+    Ok(DurationArg::typed(d, s))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn s(x: u64) -> Option<Duration> {
-        Some(Duration::from_secs(x))
+    fn s(x: u64) -> Option<DurationArg> {
+        Some(Duration::from_secs(x).into())
+    }
+    fn typed(text: &str) -> Option<DurationArg> {
+        Some(parse_duration(text).expect("a duration"))
     }
     fn ms(x: u64) -> Duration {
         Duration::from_millis(x)
@@ -260,28 +291,28 @@ mod tests {
             ),
             (
                 TimingArgs {
-                    renew: Some(Duration::ZERO),
+                    renew: Some(Duration::ZERO.into()),
                     ..Default::default()
                 },
                 "--renew must be longer than zero",
             ),
             (
                 TimingArgs {
-                    retry: Some(Duration::ZERO),
+                    retry: Some(Duration::ZERO.into()),
                     ..Default::default()
                 },
                 "--retry (0s) must be at least 50ms, so that a waiting contender does not busy a core",
             ),
             (
                 TimingArgs {
-                    retry: Some(Duration::from_millis(49)),
+                    retry: Some(Duration::from_millis(49).into()),
                     ..Default::default()
                 },
                 "--retry (49ms) must be at least 50ms, so that a waiting contender does not busy a core",
             ),
             (
                 TimingArgs {
-                    lease: Some(Duration::ZERO),
+                    lease: Some(Duration::ZERO.into()),
                     ..Default::default()
                 },
                 "--lease must be longer than zero",
@@ -290,6 +321,49 @@ mod tests {
         for (args, want) in cases {
             assert_eq!(Timing::resolve(args).unwrap_err().to_string(), want);
         }
+    }
+
+    /// A value the user typed is quoted as typed; a default the user did
+    /// not give is shown as computed, never to the nanosecond.
+    #[test]
+    fn refusals_quote_typed_values_and_show_defaults_plainly() {
+        let e = Timing::resolve(TimingArgs {
+            lease: typed("10s"),
+            give_up: typed("3000ms"),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--renew (3.333s) must be shorter than --give-up (3000ms)"
+        );
+        let e = Timing::resolve(TimingArgs {
+            lease: typed("1 week 1s"),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--lease (1 week 1s) is longer than the maximum (7d)"
+        );
+        assert!(matches!(
+            e,
+            TimingError::TooLong {
+                flag: "--lease",
+                ..
+            }
+        ));
+        let e = Timing::resolve(TimingArgs {
+            retry: typed("1ns"),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(
+            e,
+            TimingError::RetryTooShort {
+                retry: typed("1ns").unwrap()
+            }
+        );
     }
 
     #[test]
@@ -308,7 +382,7 @@ mod tests {
         assert_eq!(t.call_cap(), ms(2500));
         // A short P is used as it is.
         let t = Timing::resolve(TimingArgs {
-            retry: Some(ms(100)),
+            retry: Some(ms(100).into()),
             ..Default::default()
         })
         .unwrap();
@@ -325,7 +399,7 @@ mod tests {
         let t = Timing::resolve(TimingArgs {
             lease: s(20),
             renew: s(8),
-            give_up: Some(ms(8_400)),
+            give_up: Some(ms(8_400).into()),
             ..Default::default()
         })
         .unwrap();
@@ -337,20 +411,20 @@ mod tests {
     fn too_little_room_for_retries_is_refused() {
         let e = Timing::resolve(TimingArgs {
             lease: s(10),
-            renew: Some(ms(5_950)),
+            renew: Some(ms(5_950).into()),
             give_up: s(6),
             ..Default::default()
         })
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "--give-up (6s) must be at least 100ms longer than --renew (5s 950ms), \
+            "--give-up (6s) must be at least 100ms longer than --renew (5.95s), \
              so that a failed renewal can be retried before giving up"
         );
         // Exactly the minimum is enough.
         assert!(Timing::resolve(TimingArgs {
             lease: s(10),
-            renew: Some(ms(5_900)),
+            renew: Some(ms(5_900).into()),
             give_up: s(6),
             ..Default::default()
         })
@@ -359,9 +433,12 @@ mod tests {
 
     #[test]
     fn duration_flags_are_bounded() {
-        assert_eq!(parse_duration("365days"), Ok(MAX_ANY_DURATION));
         assert_eq!(
-            parse_duration("366days").unwrap_err(),
+            parse_duration("365days").map(|d| d.value()),
+            Ok(MAX_ANY_DURATION)
+        );
+        assert_eq!(
+            parse_duration("366days").unwrap_err().to_string(),
             "366days is longer than the maximum of 365 days"
         );
         assert!(parse_duration("18446744073709551615s").is_err());
@@ -373,21 +450,21 @@ mod tests {
     fn a_week_is_the_longest_timing_flag() {
         let week = Duration::from_secs(7 * 24 * 3600);
         assert!(Timing::resolve(TimingArgs {
-            lease: Some(week),
+            lease: Some(week.into()),
             ..Default::default()
         })
         .is_ok());
         let e = Timing::resolve(TimingArgs {
-            lease: Some(week + Duration::from_nanos(1)),
+            lease: Some((week + Duration::from_nanos(1)).into()),
             ..Default::default()
         })
         .unwrap_err();
         assert!(
-            e.to_string().contains("longer than the maximum (7days)"),
+            e.to_string().contains("longer than the maximum (7d)"),
             "{e}"
         );
         let e = Timing::resolve(TimingArgs {
-            retry: Some(week + Duration::from_secs(1)),
+            retry: Some((week + Duration::from_secs(1)).into()),
             ..Default::default()
         })
         .unwrap_err();
@@ -397,7 +474,7 @@ mod tests {
     #[test]
     fn absurd_durations_are_refused_not_overflowed() {
         let e = Timing::resolve(TimingArgs {
-            lease: Some(Duration::from_secs(u64::MAX / 2)),
+            lease: Some(Duration::from_secs(u64::MAX / 2).into()),
             ..Default::default()
         })
         .unwrap_err();

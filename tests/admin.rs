@@ -441,3 +441,157 @@ fn unreachable_store_fails_subcommands_with_125() {
     });
     assert_eq!(r.code, Some(2), "check needs an epoch: {}", r.stderr);
 }
+
+/// With `--log-format json` every line a subcommand writes to stderr is an
+/// event like the run form's (its answers on stdout stay as they are):
+/// answers of "no", a store that refuses, a file store that is not there,
+/// usage errors found after parsing and by clap itself. Without it, the
+/// same lines stay plain text.
+#[test]
+fn subcommands_write_json_events_when_asked() {
+    let dir = TempDir::new("admin-json");
+    let s = format!("sqlite://{}", dir.file("leases.db").display());
+    let missing = format!("sqlite://{}", dir.file("none.db").display());
+    let refusing = format!(
+        "postgres://u:Sup3rSecret@127.0.0.1:{}/db?sslmode=disable",
+        free_port()
+    );
+    assert_eq!(
+        run(lr(&s, "job", &["--min-hold", "30s"], "true")).code,
+        Some(0)
+    );
+    // (arguments after `--log-format json`, exit status, events on stderr)
+    let cases: &[(&[&str], i32, &[&str])] = &[
+        (&["-v", "--store", &s, "status"], 0, &["store"]),
+        (
+            &["--store", &s, "status", "--name", "nope"],
+            1,
+            &["no_lease"],
+        ),
+        (&["-v", "--store", &s, "status", "--json"], 0, &["store"]),
+        (
+            &["--store", &s, "release", "--name", "nope"],
+            1,
+            &["not_released"],
+        ),
+        (
+            &["--store", &s, "check", "--name", "job", "--epoch", "9"],
+            1,
+            &["check_failed"],
+        ),
+        (&["-v", "--store", &s, "init"], 0, &["store"]),
+        (
+            &["--store", "redis://127.0.0.1:1", "init", "--print"],
+            0,
+            &["no_table"],
+        ),
+        (&["--store", &refusing, "status"], 125, &["store_error"]),
+        (
+            &["--store", &refusing, "release", "--name", "job"],
+            125,
+            &["store_error"],
+        ),
+        (
+            &[
+                "--store", &refusing, "check", "--name", "job", "--epoch", "1",
+            ],
+            125,
+            &["store_error"],
+        ),
+        (&["--store", &refusing, "init"], 125, &["store_error"]),
+        (
+            &[
+                "--store", &missing, "check", "--name", "job", "--epoch", "1",
+            ],
+            125,
+            &["store_error"],
+        ),
+        (
+            &["--store", "bogus://x", "release", "--name", "job"],
+            2,
+            &["usage_error"],
+        ),
+        (
+            &["--store", &s, "--lease", "3s", "status"],
+            2,
+            &["usage_error"],
+        ),
+        (
+            &["--store", &s, "check", "--name", "job"],
+            2,
+            &["usage_error"],
+        ),
+    ];
+    for (args, code, events) in cases {
+        let mut c = leaderrun();
+        c.args(["--log-format", "json"]).args(*args);
+        let r = run(c);
+        assert_eq!(r.code, Some(*code), "{args:?}: {}", r.stderr);
+        assert!(!r.stderr.contains("Sup3rSecret"), "{}", r.stderr);
+        let mut seen = Vec::new();
+        for line in r.stderr.lines() {
+            let v = json(line);
+            for k in [
+                "time", "level", "event", "name", "epoch", "holder", "message",
+            ] {
+                assert!(v.get(k).is_some(), "{args:?}: {k} missing in {line}");
+            }
+            let event = v["event"].as_str().unwrap_or_default().to_string();
+            if ["no_lease", "not_released", "check_failed"].contains(&event.as_str()) {
+                assert_eq!(v["level"], "warn", "{line}");
+                assert_ne!(v["name"], serde_json::Value::Null, "{line}");
+            }
+            if event.ends_with("_error") {
+                assert_eq!(v["level"], "error", "{line}");
+            }
+            seen.push(event);
+        }
+        assert_eq!(&seen, events, "{args:?}: {}", r.stderr);
+    }
+    // The answers on stdout are what they were.
+    let mut c = leaderrun();
+    c.args(["--log-format", "json", "--store", &s, "status"]);
+    let r = run(c);
+    assert!(r.stdout.starts_with("NAME "), "{}", r.stdout);
+    let mut c = leaderrun();
+    c.args([
+        "--log-format",
+        "json",
+        "--store",
+        &s,
+        "status",
+        "--name",
+        "job",
+        "--json",
+    ]);
+    assert!(json(&run(c).stdout)["holder"].is_string());
+    // Without the flag, the same refusals are one plain line each.
+    for (args, want) in [
+        (
+            &["status", "--name", "nope"][..],
+            "leaderrun: no lease named nope\n",
+        ),
+        (
+            &["release", "--name", "nope"],
+            "leaderrun: nope is not held; nothing released\n",
+        ),
+        (
+            &["--lease", "3s", "status"],
+            "leaderrun: error: --lease belongs to the run form",
+        ),
+    ] {
+        let mut c = leaderrun();
+        c.args(["--store", &s]).args(args);
+        let r = run(c);
+        assert!(r.stderr.starts_with(want), "{args:?}: {}", r.stderr);
+        assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    }
+    let mut c = leaderrun();
+    c.args(["--store", &refusing, "status"]);
+    let r = run(c);
+    assert!(
+        r.stderr.contains(" ERROR ") && !r.stderr.starts_with('{'),
+        "{}",
+        r.stderr
+    );
+}

@@ -162,7 +162,10 @@ fn no_command_line_panics_and_every_refusal_is_one_line() {
                     // What is accepted is added to boot-clock stamps (a
                     // deadline, the --timeout) and written to stores: it
                     // must stay far from overflowing either.
-                    for d in [cfg.timeout, cfg.min_hold].into_iter().flatten() {
+                    for d in [cfg.timeout.map(|t| t.value()), cfg.min_hold]
+                        .into_iter()
+                        .flatten()
+                    {
                         assert!(d <= MAX_ANY_DURATION, "{args:?} accepted {d:?}");
                         assert!(BootClock.now().checked_add(d).is_some());
                     }
@@ -200,13 +203,14 @@ fn every_accepted_timing_keeps_the_relations() {
     let mut ok = 0;
     for _ in 0..100_000 {
         let a = TimingArgs {
-            lease: any(&mut rng),
-            renew: any(&mut rng),
-            give_up: any(&mut rng),
-            kill_after: any(&mut rng),
-            retry: any(&mut rng),
+            lease: any(&mut rng).map(Into::into),
+            renew: any(&mut rng).map(Into::into),
+            give_up: any(&mut rng).map(Into::into),
+            kill_after: any(&mut rng).map(Into::into),
+            retry: any(&mut rng).map(Into::into),
         };
-        let Ok(t) = std::panic::catch_unwind(|| Timing::resolve(a)).expect("no panic") else {
+        let Ok(t) = std::panic::catch_unwind(|| Timing::resolve(a.clone())).expect("no panic")
+        else {
             continue;
         };
         ok += 1;

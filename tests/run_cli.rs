@@ -190,6 +190,45 @@ fn command_runs_from_argv_without_a_shell() {
     assert_eq!(read(&out), "a b|$HOME|*|;true|");
 }
 
+/// Durations read as they were given: a typed one as typed, a computed one
+/// in one unit, or in seconds to the millisecond (a general-purpose format
+/// showed a default R = L/3 as `3s 333ms 333us 333ns` and a year's
+/// --min-hold as `11months 30days 3h 50m 24s`).
+#[test]
+fn durations_are_shown_in_the_units_they_were_given() {
+    let dir = TempDir::new("units");
+    let store = format!("sqlite://{}", dir.file("l.db").display());
+    let r = run(lr(
+        &store,
+        "u",
+        &["--lease", "10s", "--give-up", "3000ms"],
+        "true",
+    ));
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("--renew (3.333s) must be shorter than --give-up (3000ms)"),
+        "{}",
+        r.stderr
+    );
+
+    let r = run(lr(&store, "u", &["-v", "--min-hold", "365d"], "true"));
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    // What is left of the year: computed, so in seconds.
+    assert!(
+        r.stderr.contains("released; kept for another 315359"),
+        "{}",
+        r.stderr
+    );
+    let r = run(lr(&store, "u", &["-v"], "true"));
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stderr.contains(") for another 365d;"), "{}", r.stderr);
+    let mut c = leaderrun();
+    c.args(["status", "--store", &store]);
+    let r = run(c);
+    assert!(r.stdout.contains("held, expires in 365d"), "{}", r.stdout);
+}
+
 #[test]
 fn bad_input_is_one_line_exit_2_and_starts_nothing() {
     let dir = TempDir::new("bad");
@@ -455,7 +494,7 @@ fn wait_timeout_exits_124() {
     let r = run(lr(
         &pg.url(),
         "t",
-        &["--wait", "--timeout", "1s", "--retry", "200ms"],
+        &["--wait", "--timeout", "1000ms", "--retry", "200ms"],
         &format!("touch {}", ran.display()),
     ));
     let took = t0.elapsed();
@@ -465,7 +504,12 @@ fn wait_timeout_exits_124() {
         "{took:?}"
     );
     assert!(!ran.exists());
-    assert!(r.stderr.contains("--timeout (1s) passed"), "{}", r.stderr);
+    // Quoted as typed, not converted.
+    assert!(
+        r.stderr.contains("--timeout (1000ms) passed"),
+        "{}",
+        r.stderr
+    );
     signal(holder.id(), Signal::SIGTERM);
     wait_exit(&mut holder, 10 * SEC);
 }

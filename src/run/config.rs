@@ -4,23 +4,26 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use crate::cli::{Common, RunArgs};
+use crate::duration::{show, DurationArg};
 use crate::exit;
 use crate::names;
+use crate::redact::Secret;
 use crate::store::{AnyStore, StoreAdmin};
 use crate::timing::{Timing, TimingArgs};
 
 /// Everything the run form needs, validated.
 pub struct RunConfig {
     /// `--store` as given, for the watchdog (which resolves it the same way).
-    pub store_arg: Option<String>,
+    pub store_arg: Option<Secret>,
     pub store_origin: crate::store::Origin,
-    pub log: (u8, bool, bool),
+    pub log: crate::logging::Settings,
     pub name: String,
     pub holder: String,
     pub timing: Timing,
     pub store: AnyStore,
     pub wait: bool,
-    pub timeout: Option<Duration>,
+    /// As typed: the message when it passes quotes it.
+    pub timeout: Option<DurationArg>,
     pub min_hold: Option<Duration>,
     pub max_term: Option<Duration>,
     /// Use the store's push wake-ups while waiting (not `--no-push`).
@@ -62,10 +65,10 @@ impl RunConfig {
             kill_after: run.kill_after,
             retry: run.retry,
         };
-        let timing = Timing::resolve(args).map_err(|e| e.to_string())?;
+        let timing = Timing::resolve(args.clone()).map_err(|e| e.to_string())?;
         let name = run.name.ok_or("--name is required")?;
         let store = crate::store::resolve(
-            common.store.clone(),
+            common.store.clone().map(Secret::into_exposed),
             common.store_origin,
             &format!("leaderrun {name}"),
             timing.give_up,
@@ -81,27 +84,24 @@ impl RunConfig {
             timing
         } else {
             Timing::resolve(TimingArgs {
-                lease: Some(granted),
+                lease: Some(granted.into()),
                 ..args
             })
-            .map_err(|e| {
-                format!(
-                    "{e} (the store grants a lease of {})",
-                    humantime::format_duration(granted)
-                )
-            })?
+            .map_err(|e| format!("{e} (the store grants a lease of {})", show(granted)))?
         };
-        if let Some(m) = run.max_term {
+        let min_hold = run.min_hold.as_ref().map(DurationArg::value);
+        let max_term = run.max_term.as_ref().map(DurationArg::value);
+        if let Some(m) = max_term {
             if m.is_zero() {
                 return Err("--max-term must be longer than 0".into());
             }
             // Stepping down releases at once; a keep that outlasts the term
             // would hold the lease against the very rival it steps down for.
-            if run.min_hold.is_some_and(|h| h >= m) {
+            if min_hold.is_some_and(|h| h >= m) {
                 return Err("--min-hold must be shorter than --max-term".into());
             }
         }
-        if run.wait && run.timeout.is_some_and(|t| t.is_zero()) {
+        if run.wait && run.timeout.as_ref().is_some_and(|t| t.value().is_zero()) {
             // It would give up before its first attempt, even on a free
             // lease; trying once is what leaving out --wait does.
             return Err(
@@ -113,21 +113,17 @@ impl RunConfig {
             return Err("the command after -- must not be empty".into());
         }
         Ok(RunConfig {
+            log: common.log(),
             store_arg: common.store,
             store_origin: common.store_origin,
-            log: (
-                common.verbose,
-                common.quiet,
-                common.log_format == crate::cli::LogFormat::Json,
-            ),
             holder: run.holder.unwrap_or_else(names::default_holder),
             name,
             timing,
             store,
             wait: run.wait,
             timeout: run.timeout,
-            min_hold: run.min_hold,
-            max_term: run.max_term,
+            min_hold,
+            max_term,
             push: !run.no_push,
             conflict_exit_code: i32::from(run.conflict_exit_code),
             command: run.command,

@@ -110,9 +110,9 @@ impl Run {
             min_hold: self.min_hold,
             acquired_at: lease.acquired_at,
             sent: lease.sent,
-            verbose: self.log.0,
-            quiet: self.log.1,
-            json: self.log.2,
+            verbose: self.log.verbose,
+            quiet: self.log.quiet,
+            json: self.log.format == crate::logging::LogFormat::Json,
         };
         let started = match early {
             Some(w) => w.give(&orders),

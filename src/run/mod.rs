@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use crate::cli::{one_line_error, Cli};
 use crate::clock::{BootClock, Clock};
+use crate::duration::DurationArg;
 use crate::elector::{describe_held, Elector, Lease, Lost, Observer, Waited};
 use crate::report::{self, Reporter};
 use crate::stop::StopPlan;
@@ -32,6 +33,7 @@ use crate::tree::Cgroup;
 use crate::watchdog::{self, Watchdog};
 use crate::{exit, logging, signals};
 use tokio::sync::mpsc::UnboundedReceiver;
+use tracing::Level;
 
 /// Parse the command line, run, and return the exit status.
 pub fn main_entry() -> i32 {
@@ -46,7 +48,12 @@ pub fn main_entry() -> i32 {
                 let _ = e.print();
                 return 0;
             }
-            crate::stderr::line(&one_line_error(&e));
+            // clap refused the line, so which format it asked for is read
+            // from the arguments themselves.
+            logging::set_format(crate::cli::log_format_in(std::env::args_os()));
+            let line = one_line_error(&e);
+            let msg = line.strip_prefix("error: ").unwrap_or(&line);
+            logging::say(Level::ERROR, "usage_error", msg);
             return exit::USAGE;
         }
     };
@@ -55,14 +62,15 @@ pub fn main_entry() -> i32 {
         common,
         run: run_args,
     } = cli;
-    logging::init(common.verbose, common.quiet, common.log_format);
+    logging::init(common.log());
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            crate::stderr::line(&format!("error: cannot start the runtime: {e}"));
+            let msg = format!("cannot start the runtime: {e}");
+            logging::say(Level::ERROR, "startup_failed", &msg);
             return exit::FAILURE;
         }
     };
@@ -72,7 +80,12 @@ pub fn main_entry() -> i32 {
     let cfg = match RunConfig::from_cli(common, run_args) {
         Ok(c) => c,
         Err(r) => {
-            crate::stderr::line(&format!("error: {}", r.msg));
+            let event = if r.code == exit::USAGE {
+                "usage_error"
+            } else {
+                "store_error"
+            };
+            logging::say(Level::ERROR, event, &r.msg);
             return r.code;
         }
     };
@@ -161,7 +174,8 @@ pub async fn run(cfg: RunConfig) -> i32 {
     // acquiring, so that standbys stay one process each.
     let mut early = None;
     let waited = {
-        let acquire = r.elector.wait_for_lease(r.wait, r.timeout, &mut signals);
+        let timeout = r.timeout.as_ref().map(DurationArg::value);
+        let acquire = r.elector.wait_for_lease(r.wait, timeout, &mut signals);
         tokio::pin!(acquire);
         if r.wait {
             acquire.await
@@ -203,14 +217,14 @@ struct Run {
     t: Timing,
     clock: BootClock,
     wait: bool,
-    timeout: Option<Duration>,
+    timeout: Option<DurationArg>,
     min_hold: Option<Duration>,
     max_term: Option<Duration>,
     conflict_exit_code: i32,
     command: Vec<OsString>,
-    store_arg: Option<String>,
+    store_arg: Option<crate::redact::Secret>,
     store_origin: crate::store::Origin,
-    log: (u8, bool, bool),
+    log: logging::Settings,
     elector: Elector<AnyStore, BootClock>,
     report: Rc<RefCell<Reporter>>,
     watchdog: Rc<RefCell<Option<Watchdog>>>,
@@ -283,11 +297,10 @@ impl Run {
                 self.conflict_exit_code
             }
             Waited::TimedOut => {
-                let waited = self.timeout.unwrap_or_default();
+                let waited = self.timeout.clone().unwrap_or_default();
                 tracing::warn!(
                     event = "timeout",
-                    "--timeout ({}) passed without leading {name}",
-                    humantime::format_duration(waited)
+                    "--timeout ({waited}) passed without leading {name}"
                 );
                 exit::TIMEOUT
             }

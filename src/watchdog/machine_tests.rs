@@ -23,7 +23,7 @@ fn at(n: u64) -> Stamp {
 /// L = 3 s: R = 1 s, G = 2 s, K = 500 ms (the watchdog's grace: 100 ms).
 fn timing() -> Timing {
     Timing::resolve(TimingArgs {
-        lease: Some(ms(3000)),
+        lease: Some(ms(3000).into()),
         ..Default::default()
     })
     .expect("a valid timing")

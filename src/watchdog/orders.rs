@@ -20,17 +20,20 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Stamp;
+use crate::redact::Secret;
 use crate::store::Origin;
 use crate::timing::Timing;
 
-/// Everything the watchdog needs to know, sent once at start.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Everything the watchdog needs to know, sent once at start. Its `Debug`
+/// shows the store string redacted (redact.rs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Orders {
     /// The `--store` value as given (the watchdog resolves it exactly as
     /// leaderrun did, from the same environment). It may hold a password:
     /// never in a log line, nor in `Debug`.
-    pub store: Option<String>,
+    #[serde(with = "secret")]
+    pub store: Option<Secret>,
     #[serde(with = "origin")]
     pub origin: Origin,
     pub name: String,
@@ -52,26 +55,6 @@ pub struct Orders {
     pub verbose: u8,
     pub quiet: bool,
     pub json: bool,
-}
-
-/// The store string stays out: it may hold a password.
-impl std::fmt::Debug for Orders {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Orders")
-            .field("store", &self.store.as_ref().map(|_| "<store>"))
-            .field("origin", &self.origin)
-            .field("name", &self.name)
-            .field("holder", &self.holder)
-            .field("epoch", &self.epoch)
-            .field("timing", &self.timing)
-            .field("min_hold", &self.min_hold)
-            .field("acquired_at", &self.acquired_at)
-            .field("sent", &self.sent)
-            .field("verbose", &self.verbose)
-            .field("quiet", &self.quiet)
-            .field("json", &self.json)
-            .finish()
-    }
 }
 
 /// What leaderrun says after the orders, one per line.
@@ -183,6 +166,24 @@ impl Msg {
     }
 }
 
+/// The store string, exposed only on the wire (the pipe is the watchdog's
+/// alone).
+mod secret {
+    use crate::redact::Secret;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Secret>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.serialize_some(v.expose()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D::Error> {
+        Ok(Option::<String>::deserialize(d)?.map(Secret::from))
+    }
+}
+
 /// Durations as whole nanoseconds. A value past `u64::MAX` ns (584 years)
 /// cannot be sent: every duration here is bounded far below (timing.rs).
 mod ns {
@@ -265,11 +266,11 @@ mod timing {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Timing, D::Error> {
         let w = Wire::deserialize(d)?;
         let t = Timing::resolve(TimingArgs {
-            lease: Some(w.lease),
-            renew: Some(w.renew),
-            give_up: Some(w.give_up),
-            kill_after: Some(w.kill_after),
-            retry: Some(w.retry),
+            lease: Some(w.lease.into()),
+            renew: Some(w.renew.into()),
+            give_up: Some(w.give_up.into()),
+            kill_after: Some(w.kill_after.into()),
+            retry: Some(w.retry.into()),
         })
         .map_err(serde::de::Error::custom)?;
         Ok(t)

@@ -144,15 +144,15 @@ pub fn main() -> i32 {
     };
     let later = decode(&lines[1..]);
     let o = start.orders;
-    crate::logging::init(
-        o.verbose,
-        o.quiet,
-        if o.json {
-            crate::cli::LogFormat::Json
+    crate::logging::init(crate::logging::Settings {
+        verbose: o.verbose,
+        quiet: o.quiet,
+        format: if o.json {
+            crate::logging::LogFormat::Json
         } else {
-            crate::cli::LogFormat::Text
+            crate::logging::LogFormat::Text
         },
-    );
+    });
     crate::logging::set_context(&o.name, &o.holder);
     crate::logging::set_epoch(o.epoch);
     let mut m = Machine::new(&o);
@@ -424,7 +424,7 @@ fn hand_back(o: &Orders, until: Stamp, keep: Duration) -> Result<bool, ReleaseEr
     rt.block_on(async {
         let t = o.timing;
         let store = crate::store::resolve(
-            o.store.clone(),
+            o.store.clone().map(crate::redact::Secret::into_exposed),
             o.origin,
             "leaderrun watchdog",
             t.call_cap(),
