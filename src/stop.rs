@@ -133,6 +133,8 @@ pub struct Stop {
     killed_at: Option<Stamp>,
     /// When the last SIGKILL round went out.
     round_at: Option<Stamp>,
+    /// A SIGKILL went out and the caller has not yet waited and looked.
+    unlooked: bool,
 }
 
 impl Stop {
@@ -163,6 +165,7 @@ impl Stop {
             termed: false,
             killed_at: None,
             round_at: None,
+            unlooked: false,
         }
     }
 
@@ -180,6 +183,11 @@ impl Stop {
     /// The next step at `now`, given whether anything of the command still
     /// runs. One signal per call: a caller loops until it gets a `Wait` (or
     /// the end), so that SIGTERM and SIGKILL both go out when both are due.
+    /// A SIGKILL is always followed by a `Wait`, even one already due: the
+    /// caller then looks again whether anything runs before the next round
+    /// or the verdict (a kill that took longer than a round, on a host with
+    /// many processes to read, would otherwise be followed by another, and
+    /// another, without a look until the verdict of stuck).
     pub fn next(&mut self, now: Stamp, alive: bool) -> Step {
         if !alive {
             return Step::Gone;
@@ -199,17 +207,22 @@ impl Stop {
             if now >= self.kill_at {
                 self.killed_at = Some(now);
                 self.round_at = Some(now);
+                self.unlooked = true;
                 return Step::Kill { first: true };
             }
             return Step::Wait(self.kill_at);
         };
         let stuck = (killed + STUCK).max(self.until.unwrap_or(killed));
+        let round = self.round_at.unwrap_or(killed) + ROUND;
+        if std::mem::take(&mut self.unlooked) {
+            return Step::Wait(round.min(stuck));
+        }
         if now >= stuck {
             return Step::Stuck;
         }
-        let round = self.round_at.unwrap_or(killed) + ROUND;
         if now >= round {
             self.round_at = Some(now);
+            self.unlooked = true;
             return Step::Kill { first: false };
         }
         Step::Wait(round.min(stuck))

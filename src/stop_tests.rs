@@ -172,6 +172,34 @@ fn sigkill_goes_out_again_every_round_until_everything_is_gone() {
     assert_eq!(s.next(at(3540), false), Step::Gone);
 }
 
+/// A kill that took longer than a round (a host with many processes to
+/// read) is followed by a wait all the same, already due: the caller looks
+/// whether anything still runs before the next round, and before the
+/// verdict.
+#[test]
+fn every_sigkill_is_followed_by_a_look() {
+    let p = plan();
+    let mut s = Stop::at(&p, at(3500));
+    assert_eq!(s.next(at(3500), true), Step::Term);
+    assert_eq!(s.next(at(3500), true), Step::Kill { first: true });
+    // Read again after the kill, 37 ms later: a wait, due already.
+    assert_eq!(s.next(at(3537), true), Step::Wait(at(3510)));
+    assert_eq!(s.next(at(3537), true), Step::Kill { first: false });
+    assert_eq!(s.next(at(3600), true), Step::Wait(at(3547)));
+    assert_eq!(s.next(at(3600), false), Step::Gone);
+    // Past the verdict's time when the kill came back: a look first.
+    let mut t = Stop::at(&p, at(3500));
+    steps(&mut t, at(3500));
+    assert_eq!(t.next(at(4495), true), Step::Kill { first: false });
+    assert_eq!(t.next(at(4700), true), Step::Wait(at(4500)));
+    assert_eq!(t.next(at(4700), false), Step::Gone);
+    let mut u = Stop::at(&p, at(3500));
+    steps(&mut u, at(3500));
+    assert_eq!(u.next(at(4495), true), Step::Kill { first: false });
+    assert_eq!(u.next(at(4700), true), Step::Wait(at(4500)));
+    assert_eq!(u.next(at(4700), true), Step::Stuck);
+}
+
 #[test]
 fn what_sigkill_does_not_end_within_a_second_is_stuck() {
     let p = plan();
@@ -221,7 +249,13 @@ fn after_leaderruns_death_the_kill_is_at_once_with_no_sigterm_and_kept_up_until_
     // With the expiry already near (or past), a second still.
     let mut near = Stop::kill_now(at(3900), at(4000));
     steps(&mut near, at(3900));
-    assert_eq!(near.next(at(4000), true), Step::Kill { first: false });
-    assert_eq!(near.next(at(4899), true), Step::Kill { first: false });
+    assert_eq!(
+        steps(&mut near, at(4000)),
+        [Step::Kill { first: false }, Step::Wait(at(4010))]
+    );
+    assert_eq!(
+        steps(&mut near, at(4899)),
+        [Step::Kill { first: false }, Step::Wait(at(4900))]
+    );
     assert_eq!(near.next(at(4900), true), Step::Stuck);
 }
