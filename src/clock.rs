@@ -12,9 +12,76 @@
 use std::future::Future;
 use std::time::Duration;
 
-/// A point on a clock, as the time since that clock's origin. Only
-/// differences between stamps of the same clock mean anything.
-pub type Stamp = Duration;
+/// A point on a clock: an instant, not a length of time. Only differences
+/// between stamps of the same clock mean anything, so the arithmetic is
+/// that of an instant: a stamp plus or minus a duration is a stamp, a stamp
+/// minus a stamp is a duration, and two stamps cannot be added (a deadline
+/// computed as `sent + sent` would not compile).
+///
+/// ```compile_fail
+/// use leaderrun::clock::Stamp;
+/// let sent = Stamp::ORIGIN;
+/// let _ = sent + sent;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Stamp(Duration);
+
+impl Stamp {
+    /// The clock's origin (boot, for [`BootClock`]).
+    pub const ORIGIN: Stamp = Stamp(Duration::ZERO);
+
+    /// The stamp `d` after the clock's origin.
+    pub const fn from_origin(d: Duration) -> Stamp {
+        Stamp(d)
+    }
+
+    /// The time since the clock's origin: what goes over a pipe or into a
+    /// store row that counts on this clock.
+    pub const fn since_origin(self) -> Duration {
+        self.0
+    }
+
+    /// `self + d`, or None past the largest stamp.
+    pub fn checked_add(self, d: Duration) -> Option<Stamp> {
+        self.0.checked_add(d).map(Stamp)
+    }
+
+    /// How long after `earlier` this is; zero when it is not after it.
+    pub fn saturating_since(self, earlier: Stamp) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+/// Past the largest stamp it stays there: no deadline wraps to the past.
+impl std::ops::Add<Duration> for Stamp {
+    type Output = Stamp;
+    fn add(self, d: Duration) -> Stamp {
+        self.checked_add(d).unwrap_or(Stamp(Duration::MAX))
+    }
+}
+
+impl std::ops::AddAssign<Duration> for Stamp {
+    fn add_assign(&mut self, d: Duration) {
+        *self = *self + d;
+    }
+}
+
+/// Before the origin it stays there (no instant on this clock is earlier).
+impl std::ops::Sub<Duration> for Stamp {
+    type Output = Stamp;
+    fn sub(self, d: Duration) -> Stamp {
+        Stamp(self.0.saturating_sub(d))
+    }
+}
+
+/// The time from `earlier` to `self`, zero when `earlier` is not earlier
+/// (as `std::time::Instant` does): a negative wait is no wait.
+impl std::ops::Sub<Stamp> for Stamp {
+    type Output = Duration;
+    fn sub(self, earlier: Stamp) -> Duration {
+        self.saturating_since(earlier)
+    }
+}
 
 pub trait Clock {
     fn now(&self) -> Stamp;
@@ -67,7 +134,7 @@ pub fn boottime_now() -> Stamp {
     // CLOCK_BOOTTIME exists on every Linux since 2.6.39; failing to read it
     // is not a state this program can run safely in.
     assert_eq!(rc, 0, "CLOCK_BOOTTIME is readable");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    Stamp(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
 /// A non-blocking timerfd on the boot clock that fires at `at` (absolute).
@@ -85,8 +152,8 @@ pub fn boot_timer(at: Stamp) -> nix::Result<nix::sys::timerfd::TimerFd> {
             tv_nsec: 0,
         },
         it_value: libc::timespec {
-            tv_sec: at.as_secs() as libc::time_t,
-            tv_nsec: at.subsec_nanos() as libc::c_long,
+            tv_sec: at.0.as_secs() as libc::time_t,
+            tv_nsec: at.0.subsec_nanos() as libc::c_long,
         },
     };
     // SAFETY: timerfd_settime reads one itimerspec through a valid pointer
@@ -148,7 +215,7 @@ const POLL_STEP: Duration = Duration::from_millis(50);
 /// step. The fallback when no timerfd can be had or registered.
 async fn poll_until(now: impl Fn() -> Stamp, at: Stamp) {
     while now() < at {
-        let left = at.saturating_sub(now());
+        let left = at - now();
         tokio::time::sleep(left.min(POLL_STEP)).await;
     }
 }
@@ -173,16 +240,42 @@ impl Default for TestClock {
 #[cfg(test)]
 impl Clock for TestClock {
     fn now(&self) -> Stamp {
-        tokio::time::Instant::now() - self.origin
+        Stamp(tokio::time::Instant::now() - self.origin)
     }
     async fn sleep_until(&self, at: Stamp) {
-        tokio::time::sleep_until(self.origin + at).await
+        tokio::time::sleep_until(self.origin + at.0).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An instant's arithmetic: a duration moves it, two instants give a
+    /// duration, and nothing wraps (a deadline never lands in the past, a
+    /// wait is never negative).
+    #[test]
+    fn stamps_move_by_durations_and_never_wrap() {
+        let ms = Duration::from_millis;
+        let t = Stamp::from_origin(ms(1000));
+        assert_eq!((t + ms(500)).since_origin(), ms(1500));
+        assert_eq!((t - ms(400)).since_origin(), ms(600));
+        assert_eq!(t + ms(500) - t, ms(500));
+        assert_eq!(t - (t + ms(500)), Duration::ZERO);
+        assert_eq!(t.saturating_since(t - ms(1)), ms(1));
+        assert_eq!((t + ms(1)).saturating_since(t), ms(1));
+        assert_eq!(t.saturating_since(t + ms(1)), Duration::ZERO);
+        assert_eq!(t - ms(5000), Stamp::ORIGIN);
+        assert_eq!(t.checked_add(ms(1)), Some(Stamp::from_origin(ms(1001))));
+        assert_eq!(t.checked_add(Duration::MAX), None);
+        assert_eq!(t + Duration::MAX, Stamp::from_origin(Duration::MAX));
+        let mut u = t;
+        u += ms(2);
+        assert_eq!(u, Stamp::from_origin(ms(1002)));
+        assert!(t < u);
+        assert_eq!(Stamp::default(), Stamp::ORIGIN);
+        assert_eq!(Stamp::ORIGIN.since_origin(), Duration::ZERO);
+    }
 
     #[tokio::test]
     async fn boot_timer_fires_at_its_deadline() {
@@ -236,7 +329,7 @@ mod tests {
     async fn the_polling_fallback_keeps_to_the_boot_clock() {
         use std::cell::Cell;
         let c = TestClock::default();
-        let at = Duration::from_millis(120);
+        let at = Stamp::from_origin(Duration::from_millis(120));
         poll_until(|| c.now(), at).await;
         assert_eq!(c.now(), at);
         // Already due: no sleep at all.
@@ -250,9 +343,10 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(110)).await;
             suspended.set(Duration::from_secs(5));
         };
-        let ((), ()) = tokio::join!(poll_until(boot, Duration::from_secs(1)), resume);
+        let until = Stamp::from_origin(Duration::from_secs(1));
+        let ((), ()) = tokio::join!(poll_until(boot, until), resume);
         assert!(
-            c.now() <= Duration::from_millis(110) + POLL_STEP,
+            c.now() <= Stamp::from_origin(Duration::from_millis(110) + POLL_STEP),
             "{:?}",
             c.now()
         );

@@ -212,7 +212,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
         if let Some(u) = until {
             deadline = deadline.min(u);
         }
-        let budget = deadline.saturating_sub(sent);
+        let budget = deadline.saturating_since(sent);
         let res = tokio::select! {
             biased;
             _ = self.clock.sleep_until(deadline) => Err(StoreError::unavailable(format!(
@@ -512,10 +512,12 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
         self.lock.inspect(self.timing.give_up).await.ok().flatten()
     }
 
-    fn late_or_gave_up(&self, deadline: Stamp) -> LossReason {
+    /// Why a lease whose give-up deadline has passed is lost: the process
+    /// woke late, or no renewal succeeded in time.
+    pub fn late_or_gave_up(&self, deadline: Stamp) -> LossReason {
         // Timers fire within milliseconds; anything much later means this
         // process did not run (frozen, suspended) around the deadline.
-        let late = self.clock.now().saturating_sub(deadline);
+        let late = self.clock.now().saturating_since(deadline);
         if late > Duration::from_millis(250) {
             LossReason::WokeLate(late)
         } else {
@@ -529,7 +531,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
     /// would have expired anyway: a store that restarted under us must not
     /// leave a standby waiting out the lease after a clean stop.
     pub async fn release(&mut self, lease: &Lease, min_hold: Option<Duration>) -> bool {
-        let elapsed = self.clock.now().saturating_sub(lease.acquired_at);
+        let elapsed = self.clock.now().saturating_since(lease.acquired_at);
         let keep = min_hold
             .map(|m| m.saturating_sub(elapsed))
             .unwrap_or_default();
@@ -600,7 +602,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
                 break;
             }
             if failures == 0 {
-                let left = until.saturating_sub(self.clock.now());
+                let left = until.saturating_since(self.clock.now());
                 tracing::warn!(
                     event = "release_failed",
                     epoch,

@@ -17,6 +17,11 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// The instant `n` ms after the test clock's origin.
+fn at(n: u64) -> Stamp {
+    Stamp::from_origin(ms(n))
+}
+
 /// L = 3 s, R = 1 s, G = 2 s, K = 0.5 s, P = 0.4 s.
 fn timing() -> Timing {
     Timing::resolve(TimingArgs {
@@ -187,8 +192,8 @@ async fn healthy_renewals_keep_the_lease_forever() {
     let renews = fake.calls("renew");
     // One renewal per R: 30 s / 1 s.
     assert_eq!(renews.len(), 30);
-    assert_eq!(renews[0], ms(1000));
-    assert_eq!(renews[29], ms(30_000));
+    assert_eq!(renews[0], at(1000));
+    assert_eq!(renews[29], at(30_000));
 }
 
 #[tokio::test(start_paused = true)]
@@ -204,10 +209,10 @@ async fn hung_store_gives_up_at_exactly_g_after_the_last_good_send() {
     let lost = e.hold(&mut lease).await;
     // The good renewal was *sent* at 1 s (answered at 1.03 s): G counts from the send.
     assert_eq!(lost.reason, LossReason::GaveUp);
-    assert_eq!(lost.deadline, ms(1000) + ms(2000));
-    assert_eq!(e.clock().now(), ms(3000));
+    assert_eq!(lost.deadline, at(1000) + ms(2000));
+    assert_eq!(e.clock().now(), at(3000));
     // Hung attempts were abandoned after R/2 and retried, not waited on until G.
-    assert_eq!(fake.calls("renew"), vec![ms(1000), ms(2000), ms(2500)]);
+    assert_eq!(fake.calls("renew"), vec![at(1000), at(2000), at(2500)]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -218,7 +223,7 @@ async fn renewal_matching_nothing_is_a_loss_at_once() {
     let mut lease = lease_at(e.clock().now());
     let lost = e.hold(&mut lease).await;
     assert_eq!(lost.reason, LossReason::Superseded);
-    assert_eq!(e.clock().now(), ms(1005));
+    assert_eq!(e.clock().now(), at(1005));
 }
 
 #[tokio::test(start_paused = true)]
@@ -231,9 +236,9 @@ async fn failed_renewal_is_retried_and_success_extends_from_its_send() {
     let r = tokio::time::timeout(ms(2500), e.hold(&mut lease)).await;
     assert!(r.is_err(), "lost after a retried renewal succeeded");
     // the first retry goes out at once, when the failure is known
-    assert_eq!(&fake.calls("renew")[..2], &[ms(1000), ms(1010)]);
+    assert_eq!(&fake.calls("renew")[..2], &[at(1000), at(1010)]);
     // the next regular renewal counts from the successful send
-    assert_eq!(fake.calls("renew")[2], ms(2010));
+    assert_eq!(fake.calls("renew")[2], at(2010));
 }
 
 #[tokio::test(start_paused = true)]
@@ -251,11 +256,11 @@ async fn a_yes_that_arrives_after_the_deadline_is_not_believed() {
     assert_eq!(lost.reason, LossReason::GaveUp);
     assert_eq!(
         fake.calls("renew"),
-        vec![ms(1000), ms(1010), ms(1260), ms(1510), ms(1760)]
+        vec![at(1000), at(1010), at(1260), at(1510), at(1760)]
     );
     assert_eq!(
         e.clock().now(),
-        ms(2000),
+        at(2000),
         "step-down is timer-driven, not call-driven"
     );
 }
@@ -293,8 +298,8 @@ async fn waiting_retries_every_p_until_the_timeout() {
     let (_tx, mut rx) = unbounded_channel::<i32>();
     let w = e.wait_for_lease(true, Some(ms(1000)), &mut rx).await;
     assert!(matches!(w, Waited::TimedOut), "{w:?}");
-    assert_eq!(e.clock().now(), ms(1000));
-    assert_eq!(fake.calls("acquire"), vec![ms(0), ms(400), ms(800)]);
+    assert_eq!(e.clock().now(), at(1000));
+    assert_eq!(fake.calls("acquire"), vec![at(0), at(400), at(800)]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -311,7 +316,7 @@ async fn waiting_survives_an_outage_and_acquires_after_it() {
     match e.wait_for_lease(true, None, &mut rx).await {
         Waited::Acquired(l) => {
             assert_eq!(l.epoch, 4);
-            assert_eq!(l.sent, ms(1200));
+            assert_eq!(l.sent, at(1200));
         }
         w => panic!("{w:?}"),
     }
@@ -342,7 +347,7 @@ async fn interrupt_during_a_granted_acquire_hands_the_lease_back() {
     };
     let (w, ()) = tokio::join!(e.wait_for_lease(true, None, &mut rx), sender);
     assert!(matches!(w, Waited::Interrupted(15)), "{w:?}");
-    assert_eq!(fake.calls("release"), vec![ms(100)]);
+    assert_eq!(fake.calls("release"), vec![at(100)]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -354,7 +359,7 @@ async fn an_acquire_unanswered_within_g_is_abandoned() {
     let w = e.wait_for_lease(false, None, &mut rx).await;
     // the elector abandoned the call at G = 2 s; nothing was believed
     assert!(matches!(&w, Waited::Failed(e) if e.may_heal()), "{w:?}");
-    assert_eq!(e.clock().now(), ms(2000));
+    assert_eq!(e.clock().now(), at(2000));
     assert!(fake.calls("release").is_empty());
 }
 
@@ -406,7 +411,7 @@ async fn a_held_lease_is_tried_again_when_it_expires_not_at_the_next_poll() {
     let (_tx, mut rx) = unbounded_channel::<i32>();
     let w = e.wait_for_lease(true, None, &mut rx).await;
     assert!(matches!(w, Waited::Acquired(_)), "{w:?}");
-    assert_eq!(fake.calls("acquire"), vec![ms(0), ms(700) + EXPIRY_MARGIN]);
+    assert_eq!(fake.calls("acquire"), vec![at(0), at(700) + EXPIRY_MARGIN]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -474,7 +479,7 @@ async fn a_wake_up_brings_the_next_attempt_forward() {
     assert!(matches!(w, Waited::Acquired(_)), "{w:?}");
     // The first attempt found it held: subscribe, try again at once, then
     // wait for the wake-up.
-    assert_eq!(fake.calls("acquire"), vec![ms(0), ms(0), ms(300)]);
+    assert_eq!(fake.calls("acquire"), vec![at(0), at(0), at(300)]);
     assert_eq!(
         *wake.arms.borrow(),
         2,
@@ -502,7 +507,7 @@ async fn a_broken_subscription_falls_back_to_polling() {
     // continues at P after that.
     assert_eq!(
         fake.calls("acquire"),
-        vec![ms(0), ms(0), ms(10_000), ms(20_000)]
+        vec![at(0), at(0), at(10_000), at(20_000)]
     );
 }
 
@@ -553,7 +558,7 @@ async fn a_failed_release_is_retried_like_a_renewal() {
     assert!(freed);
     assert_eq!(
         fake.calls("release"),
-        vec![ms(100), ms(100), ms(350), ms(600)]
+        vec![at(100), at(100), at(350), at(600)]
     );
     assert!(log.contains("could not release"), "{log}");
     // The trouble is logged once and its end too.
@@ -577,10 +582,10 @@ async fn release_retries_stop_when_the_lease_would_have_expired() {
     let (freed, log) = logged(e.release(&lease, None)).await;
     assert!(!freed);
     let calls = fake.calls("release");
-    assert_eq!(calls.first(), Some(&ms(2200)));
-    assert!(calls.iter().all(|c| *c < ms(3000)), "{calls:?}");
+    assert_eq!(calls.first(), Some(&at(2200)));
+    assert!(calls.iter().all(|c| *c < at(3000)), "{calls:?}");
     assert_eq!(calls.len(), 5, "{calls:?}"); // 2.2, 2.2, 2.45, 2.7, 2.95
-    assert_eq!(e.clock().now(), ms(3000));
+    assert_eq!(e.clock().now(), at(3000));
     assert!(log.contains("will expire by itself"), "{log}");
 }
 
@@ -593,7 +598,7 @@ async fn a_hung_release_is_abandoned_and_retried() {
     let (mut e, fake) = elector(script);
     let lease = lease_at(e.clock().now());
     assert!(e.release(&lease, None).await);
-    assert_eq!(fake.calls("release"), vec![ms(0), ms(500)]);
+    assert_eq!(fake.calls("release"), vec![at(0), at(500)]);
 }
 
 /// A wrong password will not heal within a lease: one attempt.
@@ -606,7 +611,7 @@ async fn a_release_refused_for_good_is_not_retried() {
     let (mut e, fake) = elector(script);
     let lease = lease_at(e.clock().now());
     assert!(!e.release(&lease, None).await);
-    assert_eq!(fake.calls("release"), vec![ms(0)]);
+    assert_eq!(fake.calls("release"), vec![at(0)]);
 }
 
 /// After a loss to the store's silence the lease is still ours in the store
@@ -623,7 +628,7 @@ async fn after_a_loss_the_lease_is_handed_back_when_the_store_answers() {
     assert!(e.release_after_loss(&lease).await);
     let calls = fake.calls("release");
     assert_eq!(calls.len(), 5);
-    assert_eq!(calls[4], ms(2100 + 250 * 3));
+    assert_eq!(calls[4], at(2100 + 250 * 3));
     // Without a store that extends leases on failover, never past sent + L.
     let script = Script {
         release: fails_at_once(100),
@@ -633,7 +638,7 @@ async fn after_a_loss_the_lease_is_handed_back_when_the_store_answers() {
     let lease = lease_at(e.clock().now());
     tokio::time::advance(ms(2500)).await;
     assert!(!e.release_after_loss(&lease).await);
-    assert!(fake.calls("release").iter().all(|c| *c < ms(3000)));
+    assert!(fake.calls("release").iter().all(|c| *c < at(3000)));
 }
 
 /// etcd re-extends every lease by its TTL when a new leader takes over: a
@@ -650,8 +655,8 @@ async fn on_a_store_whose_failover_extends_leases_the_hand_back_tries_a_lease_lo
     tokio::time::advance(ms(2500)).await;
     assert!(!e.release_after_loss(&lease).await);
     let calls = fake.calls("release");
-    assert!(calls.iter().any(|c| *c > ms(5500)), "{calls:?}");
-    assert!(calls.iter().all(|c| *c < ms(6000)), "{calls:?}");
+    assert!(calls.iter().any(|c| *c > at(5500)), "{calls:?}");
+    assert!(calls.iter().all(|c| *c < at(6000)), "{calls:?}");
     // A normal release is still bounded by sent + L: it follows a renewal
     // the store accepted, not a failover.
     let script = Script {
@@ -662,7 +667,7 @@ async fn on_a_store_whose_failover_extends_leases_the_hand_back_tries_a_lease_lo
     e.failover_extends_lease(true);
     let lease = lease_at(e.clock().now());
     assert!(!e.release(&lease, None).await);
-    assert!(fake.calls("release").iter().all(|c| *c < ms(3000)));
+    assert!(fake.calls("release").iter().all(|c| *c < at(3000)));
 }
 
 /// A waiter's trouble ends in the log even when the retry that found the
@@ -737,8 +742,8 @@ async fn the_observer_hears_every_renewal_and_every_failure() {
         *seen.0.borrow(),
         vec![
             "renew failed 1".to_string(),
-            format!("renewed 1 sent {:?}", ms(1010)),
-            format!("renewed 1 sent {:?}", ms(2010)),
+            format!("renewed 1 sent {:?}", at(1010)),
+            format!("renewed 1 sent {:?}", at(2010)),
         ]
     );
 }
@@ -789,7 +794,7 @@ async fn a_grant_read_after_a_freeze_past_g_is_handed_back() {
     }
     // Handed back at once, and only until the grant would have expired
     // (sent + L = 3.5 s): the release succeeds on its first try here.
-    assert_eq!(fake.calls("release"), vec![ms(2600)]);
+    assert_eq!(fake.calls("release"), vec![at(2600)]);
     assert_eq!(fake.budgets("release"), vec![ms(500)]);
 }
 
@@ -809,12 +814,12 @@ fn record(holder: Option<&str>, epoch: i64, expires_in_ms: Option<i64>) -> Lease
 async fn sitting_out_ends_when_a_rival_holds_a_later_epoch() {
     let script = Script {
         held: Some(record(Some("h"), 1, Some(2000))),
-        rival_at: Some((ms(1200), record(Some("other"), 2, Some(3000)))),
+        rival_at: Some((at(1200), record(Some("other"), 2, Some(3000)))),
         ..Default::default()
     };
     let (mut e, fake) = elector(script);
     assert_eq!(e.sit_out(1).await.as_deref(), Some("other"));
-    assert_eq!(e.clock().now(), ms(1200));
+    assert_eq!(e.clock().now(), at(1200));
     let looks = fake.calls("inspect");
     assert_eq!(looks.len(), 1200 / 50 + 1, "{looks:?}");
     assert!(looks.windows(2).all(|w| w[1] - w[0] == ms(50)), "{looks:?}");
@@ -830,8 +835,8 @@ async fn sitting_out_lasts_one_lease_without_a_successor() {
     };
     let (mut e, fake) = elector(script);
     assert_eq!(e.sit_out(1).await, None);
-    assert_eq!(e.clock().now(), ms(3000));
-    assert!(fake.calls("inspect").iter().all(|c| *c < ms(3000)));
+    assert_eq!(e.clock().now(), at(3000));
+    assert!(fake.calls("inspect").iter().all(|c| *c < at(3000)));
 }
 
 /// A look that hangs is abandoned after the call cap (R/2 = 500 ms), the
@@ -845,10 +850,10 @@ async fn sitting_out_abandons_hung_looks_and_ends_on_time() {
     };
     let (mut e, fake) = elector(script);
     assert_eq!(e.sit_out(1).await, None);
-    assert_eq!(e.clock().now(), ms(3000));
+    assert_eq!(e.clock().now(), at(3000));
     assert_eq!(
         fake.calls("inspect"),
-        vec![ms(0), ms(550), ms(1100), ms(1650), ms(2200), ms(2750)]
+        vec![at(0), at(550), at(1100), at(1650), at(2200), at(2750)]
     );
 }
 
@@ -862,8 +867,8 @@ async fn a_hung_release_near_expiry_ends_with_the_lease() {
     let lease = lease_at(e.clock().now());
     tokio::time::advance(ms(2700)).await;
     assert!(!e.release(&lease, None).await);
-    assert_eq!(fake.calls("release"), vec![ms(2700)]);
-    assert_eq!(e.clock().now(), ms(3000));
+    assert_eq!(fake.calls("release"), vec![at(2700)]);
+    assert_eq!(e.clock().now(), at(3000));
 }
 
 /// A waiter says who holds the lease once, not at every poll.
@@ -900,7 +905,7 @@ async fn a_renewal_is_given_no_more_time_than_is_left_before_g() {
     assert_eq!(e.hold(&mut lease).await.reason, LossReason::GaveUp);
     assert_eq!(
         fake.calls("renew"),
-        vec![ms(1000), ms(1010), ms(1260), ms(1510), ms(1760)]
+        vec![at(1000), at(1010), at(1260), at(1510), at(1760)]
     );
     assert_eq!(
         fake.budgets("renew"),
@@ -989,7 +994,7 @@ fn a_held_lease_is_described_as_the_store_has_it() {
 async fn a_long_wait_still_tries_at_the_expiry() {
     let script = Script {
         held: held_for(60_000),
-        rival_at: Some((ms(4000), held_for(150).unwrap())),
+        rival_at: Some((at(4000), held_for(150).unwrap())),
         ..Default::default()
     };
     let (mut e, fake) = elector(script);
@@ -999,8 +1004,8 @@ async fn a_long_wait_still_tries_at_the_expiry() {
     let calls = fake.calls("acquire");
     // Every P = 400 ms up to 4 s, then at the expiry: 4 s + 150 ms + margin.
     assert_eq!(calls.len(), 12, "{calls:?}");
-    assert_eq!(calls[10], ms(4000));
-    assert_eq!(calls[11], ms(4150) + EXPIRY_MARGIN);
+    assert_eq!(calls[10], at(4000));
+    assert_eq!(calls[11], at(4150) + EXPIRY_MARGIN);
 }
 
 /// Up to 250 ms past the deadline is a timer firing late, reported as giving
@@ -1017,7 +1022,7 @@ async fn lateness_beyond_250ms_is_reported_as_waking_late() {
         tokio::time::advance(ms(2000 + late)).await;
         let lost = hold.await;
         assert_eq!(lost.reason, want);
-        assert_eq!(lost.deadline, ms(2000));
+        assert_eq!(lost.deadline, at(2000));
         assert!(fake.calls("renew").is_empty());
     }
 }

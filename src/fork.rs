@@ -29,6 +29,18 @@ use nix::unistd::Pid;
 
 use crate::tree::Cgroup;
 
+/// Why a process could not be prepared or started.
+#[derive(Debug, thiserror::Error)]
+pub enum ForkError {
+    #[error("an argument or environment variable holds a NUL byte")]
+    Nul(#[from] std::ffi::NulError),
+    /// The intermediate of [`spawn_detached`] could not fork.
+    #[error("the watchdog could not be forked")]
+    NotForked,
+    #[error(transparent)]
+    Os(#[from] std::io::Error),
+}
+
 /// The program to execute, as the C strings the child passes to exec.
 pub struct Program {
     file: CString,
@@ -43,15 +55,8 @@ impl Program {
         file: &Path,
         argv: &[OsString],
         env: impl IntoIterator<Item = (OsString, OsString)>,
-    ) -> std::io::Result<Program> {
-        let c = |b: &[u8]| {
-            CString::new(b).map_err(|_| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    "an argument or environment variable holds a NUL byte",
-                )
-            })
-        };
+    ) -> Result<Program, ForkError> {
+        let c = |b: &[u8]| CString::new(b).map_err(ForkError::Nul);
         let argv = argv
             .iter()
             .map(|a| c(a.as_bytes()))
@@ -120,7 +125,7 @@ fn reap(pid: Pid) -> nix::Result<nix::sys::wait::WaitStatus> {
 }
 
 /// What the child does before exec, beyond leading a process group of its
-/// own (supervisor.rs says why each step is there).
+/// own (src/supervisor/ says why each step is there).
 pub struct Setup<'a> {
     pub cgroup: Option<&'a Cgroup>,
     /// The terminal to take the foreground of, or -1.
@@ -288,7 +293,7 @@ unsafe fn child(
     let mut ts: libc::timespec = std::mem::zeroed();
     if libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) == 0 {
         let now = ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128;
-        if now >= setup.deadline.as_nanos() {
+        if now >= setup.deadline.since_origin().as_nanos() {
             fail(PAST_DEADLINE);
         }
     }
@@ -336,18 +341,19 @@ pub fn spawn_detached(
     stdout: RawFd,
     extra: &[RawFd],
     ignore: &[i32],
-) -> std::io::Result<Detached> {
+) -> Result<Detached, ForkError> {
     // Every source is first copied at or above this number, so that no
     // dup2 onto 0, 1, 3, 4, … can clobber a source not yet placed.
     const HIGH: RawFd = 16;
     const MAX_EXTRA: usize = 8;
     if extra.len() > MAX_EXTRA {
-        return Err(std::io::ErrorKind::InvalidInput.into());
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput).into());
     }
     let mut fixed = [-1; MAX_EXTRA];
     fixed[..extra.len()].copy_from_slice(extra);
     let (argv, envp) = prog.pointers();
-    let (status_rd, status_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let (status_rd, status_wr) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
     let status = status_wr.as_raw_fd();
     // SAFETY: both children make only async-signal-safe calls (fork, _exit,
     // setpgid, sigaction, fcntl, dup2, execve, write) on memory prepared
@@ -410,7 +416,7 @@ pub fn spawn_detached(
         }
     }
     if middle < 0 {
-        return Err(std::io::Error::last_os_error());
+        return Err(std::io::Error::last_os_error().into());
     }
     Ok(Detached {
         middle: Pid::from_raw(middle),
@@ -437,7 +443,7 @@ impl Detached {
 
     /// Wait until the process has been exec'd (or failed to be) and the
     /// intermediate is reaped. Ok is the pid of the running program.
-    pub fn confirm(self) -> std::io::Result<Pid> {
+    pub fn confirm(self) -> Result<Pid, ForkError> {
         let (mut pid, mut errno) = (None, None);
         while let Some(v) = hear(&self.status) {
             if v > 0 {
@@ -448,12 +454,12 @@ impl Detached {
         }
         let middle = reap(self.middle);
         if let Some(e) = errno {
-            return Err(std::io::Error::from_raw_os_error(e));
+            return Err(std::io::Error::from_raw_os_error(e).into());
         }
         match (middle, pid) {
             (Ok(nix::sys::wait::WaitStatus::Exited(_, 0)), Some(pid)) => Ok(pid),
             // The intermediate could not fork: nothing was started.
-            _ => Err(std::io::Error::other("the watchdog could not be forked")),
+            _ => Err(ForkError::NotForked),
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod report;
 pub mod run;
 pub mod signals;
 pub mod stderr;
+pub mod stop;
 pub mod store;
 pub mod supervisor;
 pub mod terminal;

@@ -215,7 +215,7 @@ fn nonce() -> u64 {
     if n == b.len() as isize {
         u64::from_ne_bytes(b)
     } else {
-        crate::clock::boottime_now().as_nanos() as u64
+        crate::clock::boottime_now().since_origin().as_nanos() as u64
     }
 }
 

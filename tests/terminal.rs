@@ -84,3 +84,30 @@ fn started_in_the_background_a_read_stops_the_job_until_fg() {
     sh.line(r#"echo "rc=$?""#);
     sh.expect("rc=0", 5 * SEC);
 }
+
+/// Ctrl-Z held longer than `G`: leaderrun is stopped with its job and
+/// cannot renew, and its watchdog stops the command meanwhile, as it would
+/// for any frozen leaderrun. After `fg` the run ends as a loss does (the
+/// `lost` event, exit 75), not with the command's own status as if it had
+/// exited by itself; and the lease is handed back.
+#[test]
+fn ctrl_z_held_past_the_give_up_deadline_ends_as_a_loss() {
+    let dir = TempDir::new("tty-stop-long");
+    let mut sh = shell(&dir);
+    // L = 3 s: G = 2 s, K = 500 ms.
+    sh.line(r#"$LR --name tty --lease 3s -- bash -c 'echo re""ady; read a; echo "got:$a"'"#);
+    sh.expect("ready", 10 * SEC);
+    sh.type_keys("\x1a");
+    sh.expect("Stopped", 5 * SEC);
+    // The watchdog's own stop, a grace after G: its warning reaches the
+    // terminal it shares with leaderrun.
+    sh.expect("SIGTERM to the command", 10 * SEC);
+    sh.line("fg");
+    sh.expect("lost lease tty", 10 * SEC);
+    sh.line(r#"echo "rc=$?""#);
+    sh.expect("rc=75", 10 * SEC);
+    // Handed back at once, not left to expire.
+    sh.line(r#"$LR status --name tty; echo "st=$?""#);
+    sh.expect("free since", 5 * SEC);
+    sh.expect("st=0", 5 * SEC);
+}

@@ -599,3 +599,73 @@ fn a_cgroup_left_by_a_leaderrun_killed_with_its_watchdog_is_removed_later() {
     assert!(!stale_stayed, "the stale cgroup {} stayed", left.display());
     assert!(fresh_stayed, "a cgroup made a moment ago was removed");
 }
+
+/// The watchdog says `ready` only once it holds orders it can read. Given a
+/// line it cannot take (not orders of this version), it says nothing and
+/// exits 2: leaderrun, which waits for `ready` before it starts the
+/// command, then starts none (`stops::` checks that side, with a watchdog
+/// that dies unconfirmed). Given good orders, it says `ready`.
+#[test]
+fn a_watchdog_that_cannot_take_its_orders_never_says_ready() {
+    use leaderrun::clock::Stamp;
+    use leaderrun::watchdog::orders::{Orders, Start};
+    let dir = TempDir::new("wd-orders");
+    let orders = Orders {
+        store: None,
+        origin: leaderrun::store::Origin::Flag,
+        name: "orders".into(),
+        holder: "h".into(),
+        epoch: 1,
+        timing: leaderrun::timing::Timing::resolve(Default::default()).expect("defaults"),
+        min_hold: None,
+        // Sent at boot: the lease is long expired, so the watchdog, whose
+        // pipe then closes with nothing started, has nothing to hand back.
+        acquired_at: Stamp::ORIGIN,
+        sent: Stamp::ORIGIN,
+        verbose: 0,
+        quiet: true,
+        json: false,
+    };
+    let good = Start::new(orders, vec![]).encode().expect("encodes");
+    let other_version = good.replacen("\"watchdog\":1", "\"watchdog\":2", 1);
+    assert_ne!(good, other_version);
+    let cases: [(&str, &str, Option<i32>); 5] = [
+        (&good, "ready\n", Some(0)),
+        (&other_version, "", Some(2)),
+        ("leaderrun-watchdog 1\nstore -\nend\n", "", Some(2)),
+        ("{\"watchdog\":1}\n", "", Some(2)),
+        ("", "", Some(2)),
+    ];
+    for (input, said, code) in cases {
+        let (token, token_w) = nix::unistd::pipe().expect("pipe");
+        let token_fd = token.as_raw_fd();
+        let mut c = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
+        c.args(["--be-watchdog", &std::process::id().to_string(), "-"])
+            .env("LEADERRUN_STATE_DIR", dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: dup2 is async-signal-safe; fd 4 is the token's place.
+        unsafe {
+            c.pre_exec(move || {
+                nix::unistd::dup2(token_fd, 4)?;
+                Ok(())
+            });
+        }
+        let mut w = c.spawn().expect("the watchdog");
+        {
+            use std::io::Write;
+            let mut stdin = w.stdin.take().expect("stdin");
+            stdin.write_all(input.as_bytes()).expect("orders");
+        }
+        let out = w.wait_with_output().expect("exit");
+        drop((token, token_w));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            said,
+            "{input:?}: {stderr}"
+        );
+        assert_eq!(out.status.code(), code, "{input:?}: {stderr}");
+    }
+}

@@ -10,28 +10,28 @@ use super::Run;
 use crate::clock::Clock;
 use crate::elector::{Lease, Lost};
 use crate::exit;
+use crate::stop::{Stop, StopPlan};
 use crate::supervisor::{self, status_code};
 
 impl Run {
-    /// When a stop begun now sends SIGKILL: `K` from now, but never later
-    /// than `K` after the give-up deadline `give_up_at`, so that the
-    /// command is dead before the lease could pass on (`G + K < L`).
-    fn kill_at(&self, give_up_at: crate::clock::Stamp) -> crate::clock::Stamp {
-        (self.clock.now() + self.t.kill_after).min(give_up_at + self.t.kill_after)
+    /// A stop begun now, on the deadlines of `lease` (stop.rs): SIGTERM at
+    /// once, SIGKILL `K` later but never past `G + K`.
+    fn stop_now(&self, lease: &Lease) -> Stop {
+        Stop::at(&StopPlan::new(lease.sent, self.t), self.clock.now())
     }
 
     /// The stop every ending but a plain exit shares: SIGTERM once, SIGKILL
-    /// at `kill_at`, with the watchdog watched (and replaced) meanwhile;
+    /// at its deadline, with the watchdog watched (and replaced) meanwhile;
     /// then the cgroup goes and the watchdog is told it is over. The exit
     /// status, and whether everything the command started is gone.
     async fn stop_command(
         &mut self,
         child: &mut supervisor::Child,
-        kill_at: crate::clock::Stamp,
+        stop: Stop,
         signals: &mut UnboundedReceiver<nix::sys::signal::Signal>,
     ) -> (ExitStatus, bool) {
         let (w, skip) = (self.watchdog.clone(), child.skip());
-        let out = watched(&w, skip, child.stop(&self.clock, kill_at, signals)).await;
+        let out = watched(&w, skip, child.stop(&self.clock, stop, signals)).await;
         child.cleanup();
         self.finish_watchdog();
         out
@@ -45,9 +45,9 @@ impl Run {
         child: &mut supervisor::Child,
         st: ExitStatus,
     ) -> i32 {
-        let kill_at = self.kill_at(lease.sent + self.t.give_up);
+        let stop = self.stop_now(lease);
         let (w, skip) = (self.watchdog.clone(), child.skip());
-        let gone = watched(&w, skip, child.sweep(&self.clock, kill_at)).await;
+        let gone = watched(&w, skip, child.sweep(&self.clock, stop)).await;
         child.cleanup();
         self.finish_watchdog();
         let code = status_code(st);
@@ -93,8 +93,8 @@ impl Run {
         if let Some(w) = self.watchdog.borrow_mut().as_mut() {
             w.stopping();
         }
-        let kill_at = self.kill_at(lost.deadline);
-        let (st, gone) = self.stop_command(child, kill_at, signals).await;
+        let stop = self.stop_now(lease);
+        let (st, gone) = self.stop_command(child, stop, signals).await;
         tracing::warn!(
             event = "stopped",
             epoch = lease.epoch,
@@ -122,8 +122,8 @@ impl Run {
              be started); stopping it"
         );
         self.report.borrow_mut().lost();
-        let kill_at = self.kill_at(lease.sent + self.t.give_up);
-        let (st, gone) = self.stop_command(child, kill_at, signals).await;
+        let stop = self.stop_now(lease);
+        let (st, gone) = self.stop_command(child, stop, signals).await;
         if gone {
             self.elector.release(lease, None).await;
         }
@@ -159,8 +159,8 @@ impl Run {
         // The stop path of a loss, with the deadlines of the lease we still
         // hold: renewals stop here, so SIGKILL comes no later than the last
         // renewal's G + K, before the lease could pass on.
-        let kill_at = self.kill_at(lease.sent + self.t.give_up);
-        let (st, gone) = self.stop_command(child, kill_at, signals).await;
+        let stop = self.stop_now(lease);
+        let (st, gone) = self.stop_command(child, stop, signals).await;
         let released = gone && self.elector.release(lease, None).await;
         self.report.borrow_mut().released();
         let successor = if released {

@@ -24,6 +24,7 @@ use crate::clock::{BootClock, Clock};
 use crate::duration::DurationArg;
 use crate::elector::{describe_held, Elector, Lease, Lost, Observer, Waited};
 use crate::report::{self, Reporter};
+use crate::stop::StopPlan;
 use crate::store::{LeaseInfo, Lock};
 use crate::supervisor;
 use crate::terminal::Terminal;
@@ -90,7 +91,7 @@ pub fn main_entry() -> i32 {
     };
     logging::set_context(&cfg.name, &cfg.holder);
     // One thread: the child's parent-death signal is tied to the thread that
-    // spawned it (see supervisor.rs), and the main thread lives longest.
+    // spawned it (see src/supervisor/), and the main thread lives longest.
     rt.block_on(run(cfg))
 }
 
@@ -108,7 +109,6 @@ enum End {
 struct Observers {
     report: report::Shared,
     watchdog: Rc<RefCell<Option<Watchdog>>>,
-    give_up: Duration,
 }
 
 impl Observer for Observers {
@@ -120,7 +120,7 @@ impl Observer for Observers {
     }
     fn renewed(&mut self, lease: &Lease) {
         if let Some(w) = self.watchdog.borrow_mut().as_mut() {
-            w.deadline(lease.sent + self.give_up);
+            w.renewed(lease.sent);
         }
         self.report.renewed(lease)
     }
@@ -255,7 +255,6 @@ impl Run {
         elector.observe(Box::new(Observers {
             report: report::Shared(report.clone()),
             watchdog: watchdog.clone(),
-            give_up: t.give_up,
         }));
         report.borrow_mut().starting();
         Run {
@@ -347,7 +346,8 @@ impl Run {
         ];
         // A freeze between the acquisition and this line must not start the
         // command on a lease that may already have passed on.
-        if self.clock.now() >= lease.sent + self.t.give_up {
+        let plan = StopPlan::new(lease.sent, self.t);
+        if self.clock.now() >= plan.give_up_at() {
             tracing::warn!(
                 event = "lost",
                 epoch = lease.epoch,
@@ -394,7 +394,7 @@ impl Run {
             skip: self.watchdog.borrow().as_ref().and_then(Watchdog::pid),
             keep_hup_ignored: hup_ignored,
             token,
-            deadline: lease.sent + self.t.give_up,
+            deadline: plan.give_up_at(),
         };
         let child = match supervisor::spawn(&self.command, file, &env, place) {
             Ok(c) => c,
@@ -436,30 +436,48 @@ impl Run {
         let clock = self.clock;
         let step_down = self.max_term.map(|m| lease.acquired_at + m);
         let watchdog = self.watchdog.clone();
-        let hold = self.elector.hold(lease);
-        tokio::pin!(hold);
-        loop {
-            tokio::select! {
-                biased;
-                lost = &mut hold => return End::Lost(lost),
-                _ = watchdog_gone(&watchdog) => {
-                    if !replace_watchdog(&watchdog) {
-                        return End::Unguarded;
+        let end = {
+            let hold = self.elector.hold(lease);
+            tokio::pin!(hold);
+            loop {
+                tokio::select! {
+                    biased;
+                    lost = &mut hold => break End::Lost(lost),
+                    _ = watchdog_gone(&watchdog) => {
+                        if !replace_watchdog(&watchdog) {
+                            break End::Unguarded;
+                        }
+                        child.set_skip(watchdog.borrow().as_ref().and_then(Watchdog::pid));
                     }
-                    child.set_skip(watchdog.borrow().as_ref().and_then(Watchdog::pid));
-                }
-                _ = async {
-                    match step_down {
-                        Some(at) => clock.sleep_until(at).await,
-                        None => std::future::pending().await,
+                    _ = async {
+                        match step_down {
+                            Some(at) => clock.sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    } => break End::Stepped,
+                    st = child.wait() => break End::Exited(st),
+                    Some(sig) = signals.recv() => {
+                        tracing::info!(event = "signal", "passing {sig} to the command's process group");
+                        child.signal(sig);
                     }
-                } => return End::Stepped,
-                st = child.wait() => return End::Exited(st),
-                Some(sig) = signals.recv() => {
-                    tracing::info!(event = "signal", "passing {sig} to the command's process group");
-                    child.signal(sig);
                 }
             }
+        };
+        // A command that ended while leaderrun was not running ended on a
+        // lease that may have passed on: a loss, exit 75, as for any
+        // leaderrun that wakes past its give-up deadline (§6). Ctrl-Z is
+        // the common case: it stops the command, and leaderrun stops itself
+        // with it (terminal.rs) inside the wait above; held past `G`, the
+        // watchdog stops the command meanwhile, and after `fg` leaderrun
+        // runs on from inside that wait and finds the command gone before
+        // its give-up timer is looked at.
+        let give_up_at = StopPlan::new(lease.sent, self.t).give_up_at();
+        if matches!(end, End::Exited(_)) && clock.now() >= give_up_at {
+            return End::Lost(Lost {
+                reason: self.elector.late_or_gave_up(give_up_at),
+                deadline: give_up_at,
+            });
         }
+        end
     }
 }

@@ -176,7 +176,7 @@ fn boot_id() -> Result<String, StoreError> {
 }
 
 fn now_ms() -> i64 {
-    millis(BootClock.now())
+    millis(BootClock.now().since_origin())
 }
 
 impl SqliteStore {

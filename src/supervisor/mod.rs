@@ -16,7 +16,7 @@
 //!   thread, which lives as long as the process. The parent pid is
 //!   re-checked after arming it, closing the race where leaderrun died
 //!   between fork and prctl. What the command starts is the watchdog's
-//!   (watchdog.rs) to stop;
+//!   (src/watchdog/) to stop;
 //! * in the foreground of leaderrun's terminal, if leaderrun has one
 //!   (terminal.rs);
 //! * with default dispositions for every signal and an empty signal mask:
@@ -30,10 +30,8 @@
 //! adopts, and it must see the command *stop* (job control), not only exit.
 
 use std::ffi::OsString;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
-use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::signal::Signal;
@@ -41,11 +39,15 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::clock::{Clock, Stamp};
+use crate::clock::Clock;
 use crate::exit;
 use crate::fork::{self, Program};
+use crate::stop::{Step, Stop, ROUND};
 use crate::terminal::Terminal;
 use crate::tree::{Cgroup, Held, Root, TermToken, Tree};
+
+mod lookup;
+pub use lookup::check_command;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
@@ -62,13 +64,29 @@ pub enum SpawnError {
     /// lease may already be someone else's, so the command never ran.
     #[error("the give-up deadline passed before the command could start (frozen?)")]
     PastDeadline,
+    /// The system refused a step of the start (`what` says which).
+    #[error("command not executable: {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The command could not be put into an exec's terms (`what`: it).
+    #[error("command not executable: {what}: {source}")]
+    Prepare {
+        what: String,
+        #[source]
+        source: fork::ForkError,
+    },
 }
 
 impl SpawnError {
     pub fn exit_code(&self) -> i32 {
         match self {
             SpawnError::NotFound(_) => exit::NOT_FOUND,
-            SpawnError::NotExecutable(_) => exit::NOT_EXECUTABLE,
+            SpawnError::NotExecutable(_) | SpawnError::Io { .. } | SpawnError::Prepare { .. } => {
+                exit::NOT_EXECUTABLE
+            }
             SpawnError::Interpreter(_, code) => *code,
             SpawnError::PastDeadline => exit::LOST,
         }
@@ -104,157 +122,6 @@ pub struct Placement {
     pub deadline: crate::clock::Stamp,
 }
 
-/// Find out, before any lease is taken, whether `argv[0]` can be run at all,
-/// so a typo in a crontab costs no epoch and holds no lease. (The spawn
-/// itself still reports 126/127 for what changes in between.) Returns the
-/// file to execute, found once here so that [`spawn`] does not search
-/// `PATH` a second time.
-pub fn check_command(argv: &[OsString]) -> Result<std::path::PathBuf, SpawnError> {
-    use nix::unistd::{access, AccessFlags};
-    use std::path::{Path, PathBuf};
-    let Some(program) = argv.first().filter(|p| !p.is_empty()) else {
-        return Err(SpawnError::NotFound("(empty command)".into()));
-    };
-    let shown = program.to_string_lossy().into_owned();
-    let runnable = |p: &Path| p.is_file() && access(p, AccessFlags::X_OK).is_ok();
-    if program.as_encoded_bytes().contains(&b'/') {
-        let p = Path::new(program);
-        // A symlink loop (or a chain too long) is not a missing file: say
-        // what it is, with the status a shell gives it (126).
-        if let Err(e) = std::fs::metadata(p) {
-            if e.raw_os_error() == Some(nix::libc::ELOOP) {
-                return Err(SpawnError::NotExecutable(format!(
-                    "{shown}: too many levels of symbolic links (a symlink loop?)"
-                )));
-            }
-        }
-        return if !p.exists() {
-            Err(SpawnError::NotFound(shown))
-        } else if runnable(p) {
-            check_interpreter(p, &shown).map(|()| p.to_path_buf())
-        } else {
-            Err(SpawnError::NotExecutable(format!(
-                "{shown}: permission denied or not a file"
-            )))
-        };
-    }
-    let candidates: Vec<PathBuf> = std::env::split_paths(&search_path())
-        .map(|d| d.join(program))
-        .collect();
-    if let Some(found) = candidates.iter().find(|c| runnable(c)) {
-        check_interpreter(found, &shown).map(|()| found.clone())
-    } else if candidates.iter().any(|c| c.exists()) {
-        Err(SpawnError::NotExecutable(format!(
-            "{shown}: permission denied"
-        )))
-    } else {
-        Err(SpawnError::NotFound(shown))
-    }
-}
-
-/// `$PATH`, or the default a shell would search without one.
-fn search_path() -> OsString {
-    std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into())
-}
-
-/// A script's `#!` line, read as the kernel reads it, checked for what a
-/// shell would report only after exec: an interpreter that does not exist
-/// (127, as bash, dash and zsh say) or cannot be executed (126), and
-/// `#!/usr/bin/env NAME` with NAME nowhere on PATH (127, as env says).
-/// A trailing carriage return is named as such: it is the usual cause (a
-/// script saved with Windows line endings), and invisible in any listing.
-/// Files that cannot be read, or have no `#!`, are left to exec.
-fn check_interpreter(file: &std::path::Path, shown: &str) -> Result<(), SpawnError> {
-    use std::io::Read;
-    use std::path::Path;
-    // The kernel looks at no more than the first 256 bytes.
-    let mut head = [0u8; 256];
-    let n = match std::fs::File::open(file).and_then(|mut f| f.read(&mut head)) {
-        Ok(n) => n,
-        Err(_) => return Ok(()),
-    };
-    let Some(line) = head[..n].strip_prefix(b"#!") else {
-        return Ok(());
-    };
-    let line = line.split(|b| *b == b'\n').next().unwrap_or_default();
-    // Like the kernel: blanks around the interpreter go, a '\r' stays.
-    let blank = |b: &u8| *b == b' ' || *b == b'\t';
-    let line = line.trim_ascii_start();
-    let end = line.iter().position(blank).unwrap_or(line.len());
-    let (interp, rest) = line.split_at(end);
-    let rest = rest
-        .iter()
-        .position(|b| !blank(b))
-        .map_or(&[][..], |i| &rest[i..]);
-    let rest = &rest[..rest.iter().rposition(|b| !blank(b)).map_or(0, |i| i + 1)];
-    let crlf = |b: &[u8]| {
-        if b.ends_with(b"\r") {
-            " (the script has Windows line endings; remove the carriage returns, e.g. with dos2unix)"
-        } else {
-            ""
-        }
-    };
-    let bad = |b: &[u8], why: &str, code: i32| {
-        Err(SpawnError::Interpreter(
-            format!("{shown}: bad interpreter {}: {why}{}", visible(b), crlf(b)),
-            code,
-        ))
-    };
-    if interp.is_empty() {
-        // The kernel refuses it (ENOEXEC) and the C library then runs the
-        // file with /bin/sh, as a shell would: not an error here.
-        return Ok(());
-    }
-    let ipath = Path::new(std::ffi::OsStr::from_bytes(interp));
-    if !ipath.exists() {
-        return bad(interp, "no such file", exit::NOT_FOUND);
-    }
-    if !ipath.is_file() || nix::unistd::access(ipath, nix::unistd::AccessFlags::X_OK).is_err() {
-        return bad(
-            interp,
-            "permission denied or not a file",
-            exit::NOT_EXECUTABLE,
-        );
-    }
-    // `#!/usr/bin/env NAME`: env searches PATH for NAME. Options (`-S …`)
-    // and anything with a blank in it are left to env.
-    if ipath.file_name() == Some(std::ffi::OsStr::new("env"))
-        && !rest.is_empty()
-        && !rest.starts_with(b"-")
-        && !rest.iter().any(blank)
-        && !rest.contains(&b'/')
-    {
-        let name = std::ffi::OsStr::from_bytes(rest);
-        let found = std::env::split_paths(&search_path()).any(|d| d.join(name).is_file());
-        if !found {
-            return Err(SpawnError::Interpreter(
-                format!(
-                    "{shown}: interpreter {} (from #!{} {}) is not on PATH{}",
-                    visible(rest),
-                    visible(interp),
-                    visible(rest),
-                    crlf(rest)
-                ),
-                exit::NOT_FOUND,
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Bytes from a file, for a message: control characters as `^M`, `^@`, …
-/// (as `cat -v` shows them), invalid UTF-8 replaced.
-fn visible(b: &[u8]) -> String {
-    String::from_utf8_lossy(b)
-        .chars()
-        .map(|c| match c {
-            c if (c as u32) < 0x20 => format!("^{}", char::from(b'@' + c as u8)),
-            '\u{7f}' => "^?".to_string(),
-            c => c.to_string(),
-        })
-        .collect()
-}
-
 /// Start `argv` with `env` added to leaderrun's own environment; `file` is
 /// what [`check_command`] found for `argv[0]`, which the command still sees
 /// as its `argv[0]`.
@@ -282,14 +149,19 @@ pub fn spawn(
     // Listen before the child exists, so that no SIGCHLD is missed.
     let sigchld =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).map_err(|e| {
-            unmade(SpawnError::NotExecutable(format!(
-                "cannot watch for the child: {e}"
-            )))
+            unmade(SpawnError::Io {
+                what: "cannot watch for the child".into(),
+                source: e,
+            })
         })?;
     // The file check_command found, under the name the user gave; execvpe
     // still runs a script without `#!` with /bin/sh, as before.
-    let prog = Program::new(file, argv, fork::command_env(env))
-        .map_err(|e| unmade(SpawnError::NotExecutable(format!("{shown}: {e}"))))?;
+    let prog = Program::new(file, argv, fork::command_env(env)).map_err(|e| {
+        unmade(SpawnError::Prepare {
+            what: shown.clone(),
+            source: e,
+        })
+    })?;
     // The terminal is handed over only when leaderrun's job holds it.
     let tty_fd = place
         .terminal
@@ -322,7 +194,10 @@ pub fn spawn(
             return Err(match (e.kind(), e.raw_os_error()) {
                 (std::io::ErrorKind::NotFound, _) => SpawnError::NotFound(shown),
                 (_, Some(code)) if code == Errno::ENOTDIR as i32 => SpawnError::NotFound(shown),
-                _ => SpawnError::NotExecutable(format!("{shown}: {e}")),
+                _ => SpawnError::Io {
+                    what: shown,
+                    source: e,
+                },
             });
         }
     };
@@ -452,41 +327,60 @@ impl Child {
         }
     }
 
-    /// SIGTERM (and SIGCONT) to everything now, unless the watchdog has
-    /// already sent it; SIGKILL at `kill_at` (at once when that has passed),
-    /// then reap. Signals that arrive meanwhile are still forwarded. True
-    /// when everything is gone.
+    /// Stop the command as `stop` says (stop.rs): SIGTERM (and SIGCONT) to
+    /// everything, unless the watchdog has already sent it; SIGKILL at the
+    /// stop's kill deadline (at once when that has passed), again every
+    /// round; then reap it and sweep what it left. Signals that arrive
+    /// meanwhile are still forwarded. True when everything is gone.
     pub async fn stop<C: Clock>(
         &mut self,
         clock: &C,
-        kill_at: Stamp,
+        mut stop: Stop,
         forward: &mut UnboundedReceiver<Signal>,
     ) -> (ExitStatus, bool) {
-        self.tree.terminate();
-        let mut killed = false;
-        loop {
+        let st = loop {
+            // Until the command is reaped it counts as running; a stuck one
+            // (SIGKILL has not ended it) is waited for without more rounds.
+            let wake = match stop.next(clock.now(), true) {
+                Step::Term => {
+                    self.tree.terminate();
+                    continue;
+                }
+                Step::Kill { first } => {
+                    if first {
+                        tracing::warn!(event = "kill", pid = self.pid(), "the command still runs at the kill deadline: SIGKILL to everything it started");
+                    }
+                    self.tree.kill();
+                    continue;
+                }
+                Step::Wait(at) => Some(at),
+                Step::Gone | Step::Stuck => None,
+            };
             tokio::select! {
                 biased;
-                st = self.wait() => {
-                    let gone = self.sweep(clock, kill_at).await;
-                    return (st, gone);
-                }
-                _ = clock.sleep_until(kill_at), if !killed => {
-                    tracing::warn!(event = "kill", pid = self.pid(), "the command still runs at the kill deadline: SIGKILL to everything it started");
-                    self.tree.kill();
-                    killed = true;
-                }
+                st = self.wait() => break st,
+                _ = async {
+                    match wake {
+                        Some(at) => clock.sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
                 Some(sig) = forward.recv() => self.signal(sig),
             }
-        }
+        };
+        self.reap();
+        let alive = self.tree.alive();
+        let gone = self.finish(clock, &mut stop, alive).await;
+        (st, gone)
     }
 
-    /// After the command itself exited: what it left behind (a backgrounded
-    /// `&` job, a daemon that left its group) must not outlive it
-    /// unsupervised. TERM, then KILL at `kill_at`. True when everything is
-    /// gone; false when something survived SIGKILL (uninterruptible sleep),
-    /// and the lease must then not be handed back early.
-    pub async fn sweep<C: Clock>(&mut self, clock: &C, kill_at: Stamp) -> bool {
+    /// After the command itself exited: what it left behind (a
+    /// backgrounded `&` job, a daemon that left its group) must not outlive
+    /// it unsupervised. A stop of its own (SIGTERM now, SIGKILL at the
+    /// stop's deadline). True when everything is gone; false when something
+    /// survived SIGKILL (uninterruptible sleep), and the lease must then not
+    /// be handed back early.
+    pub async fn sweep<C: Clock>(&mut self, clock: &C, mut stop: Stop) -> bool {
         self.reap();
         if !self.tree.alive() {
             return true;
@@ -496,25 +390,27 @@ impl Child {
             pgid = self.pid(),
             "the command left processes behind; stopping them"
         );
-        // Whatever this stop already sent SIGTERM to is not sent another.
-        self.tree.terminate();
-        let mut killed_at = None;
+        self.finish(clock, &mut stop, true).await
+    }
+
+    /// The rest of a stop once the command is reaped: its steps, with a
+    /// look every round whether everything is gone. Whatever this stop
+    /// already sent SIGTERM to is not sent another (tree.rs).
+    async fn finish<C: Clock>(&mut self, clock: &C, stop: &mut Stop, mut alive: bool) -> bool {
         loop {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            self.reap();
-            if !self.tree.alive() {
-                return true;
-            }
             let now = clock.now();
-            match killed_at {
-                None if now >= kill_at => {
-                    self.tree.kill();
-                    killed_at = Some(now);
+            match stop.next(now, alive) {
+                Step::Term => {
+                    self.tree.terminate();
                 }
-                // A process SIGKILL does not end within a second is stuck in
-                // the kernel; waiting longer gains nothing.
-                Some(t) if now >= t + Duration::from_secs(1) => return false,
-                _ => {}
+                Step::Kill { .. } => self.tree.kill(),
+                Step::Wait(at) => {
+                    clock.sleep_until(at.min(now + ROUND)).await;
+                    self.reap();
+                    alive = self.tree.alive();
+                }
+                Step::Gone => return true,
+                Step::Stuck => return false,
             }
         }
     }
@@ -524,5 +420,49 @@ impl Child {
         if let Some(cg) = &self.tree.cgroup {
             cg.remove();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    /// The start's failures keep what caused them as their source, and
+    /// read as they did when they were one string: the status a shell
+    /// gives (126) and the system's own words.
+    #[test]
+    fn spawn_errors_keep_their_cause_and_their_words() {
+        let e = SpawnError::Io {
+            what: "cannot watch for the child".into(),
+            source: std::io::Error::from_raw_os_error(nix::libc::EMFILE),
+        };
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "command not executable: cannot watch for the child: {}",
+                std::io::Error::from_raw_os_error(nix::libc::EMFILE)
+            )
+        );
+        assert!(e.source().is_some());
+        assert_eq!(e.exit_code(), exit::NOT_EXECUTABLE);
+        let nul = match Program::new(
+            std::path::Path::new("/bin/true"),
+            &["a\0b".into()],
+            Vec::new(),
+        ) {
+            Err(e) => e,
+            Ok(_) => panic!("a NUL byte in argv was accepted"),
+        };
+        let e = SpawnError::Prepare {
+            what: "./job".into(),
+            source: nul,
+        };
+        assert_eq!(
+            e.to_string(),
+            "command not executable: ./job: an argument or environment variable holds a NUL byte"
+        );
+        assert!(e.source().and_then(|s| s.source()).is_some());
+        assert_eq!(e.exit_code(), exit::NOT_EXECUTABLE);
     }
 }
