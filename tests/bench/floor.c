@@ -1,8 +1,9 @@
 /* The least the embedded store's run must do, in C: open the SQLite file as
- * leaderrun does (WAL, synchronous=NORMAL, no checkpoint at close), one
- * write transaction to acquire, start the command and wait for it, one
- * write transaction to release. No watchdog, no cgroup, no logging: a
- * floor for tests/bench/startup.sh, not a lease client.
+ * leaderrun does (WAL, synchronous=NORMAL, copied back at 128 WAL pages,
+ * no checkpoint at close), one write transaction to acquire (a lease named
+ * "floor"), start the command and wait for it, one write transaction to
+ * release. No watchdog, no cgroup, no logging: a floor for
+ * tests/bench/startup.sh, not a lease client.
  *
  *   cc -O2 -o floor floor.c -lsqlite3 && ./floor DB COMMAND [ARG...]
  */
@@ -27,7 +28,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     sqlite3_db_config(db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, (int *)0);
-    if (run(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=1000;"
+    if (run(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=128;"
+                "PRAGMA busy_timeout=1000;"
                 "CREATE TABLE IF NOT EXISTS leader_lease (name TEXT PRIMARY KEY, holder TEXT,"
                 " epoch INTEGER NOT NULL DEFAULT 0, expires_at INTEGER NOT NULL DEFAULT 0,"
                 " boot_id TEXT NOT NULL DEFAULT '');"
