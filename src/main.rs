@@ -10,3 +10,12 @@ fn main() {
     leaderrun::stderr::flush(std::time::Duration::from_millis(500));
     std::process::exit(code);
 }
+
+// Panics unwind (Cargo.toml says why) with the unwinder linked in from
+// libgcc_eh.a, not from libgcc_s.so: one shared library fewer to map,
+// relocate and initialise at every start of leaderrun and of its watchdog
+// (docs/performance.md, "A lean run"). std's own link line still names
+// libgcc_s, which --as-needed then drops as unused.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[link(name = "gcc_eh", kind = "static")]
+extern "C" {}
