@@ -227,7 +227,6 @@ impl clap::ValueEnum for LogFormat {
         leaderrun takes the lease NAME, starts COMMAND with the fencing token LEASE_EPOCH in its \
         environment, renews the lease in the background, and stops COMMAND (SIGTERM, then SIGKILL \
         to its whole process group) before the lease can pass to anyone else.",
-    after_help = after_help(),
     override_usage = USAGE,
     subcommand_value_name = "SUBCOMMAND",
     subcommand_help_heading = "Subcommands",
@@ -392,11 +391,32 @@ pub enum Admin {
     },
 }
 
+/// The command line as clap knows it, with the text that ends `--help`.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().after_help(after_help())
+}
+
 /// Parse the command line, noting where `--store` came from.
 pub fn parse() -> Result<Cli, clap::Error> {
+    use clap::error::ErrorKind::{DisplayHelp, DisplayHelpOnMissingArgumentOrSubcommand};
     use clap::{CommandFactory, FromArgMatches};
+    // The text after the flags in `--help` (the timing and exit status
+    // tables) is formatted only when help is shown: every run formatted it
+    // for nothing (about a third of the parse's instructions).
     let mut cmd = Cli::command();
-    let m = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    let m = match cmd.try_get_matches_from_mut(std::env::args_os()) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                DisplayHelp | DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            cmd = command();
+            cmd.try_get_matches_from_mut(std::env::args_os())?
+        }
+        other => other?,
+    };
     if let Some((sub, _)) = m.subcommand() {
         run_flags_before(&m, sub)
             .map_err(|msg| cmd.error(clap::error::ErrorKind::ArgumentConflict, msg))?;

@@ -10,10 +10,9 @@
 
 use std::io::Write;
 
-use clap::CommandFactory;
 use clap_complete::Shell;
 
-use crate::cli::{self, Block, Cli};
+use crate::cli::{self, Block};
 use crate::exit;
 
 /// What `--generate` can produce.
@@ -249,7 +248,7 @@ fn timing() -> String {
 
 /// The whole page.
 pub fn man_page() -> Vec<u8> {
-    let cmd = Cli::command();
+    let cmd = cli::command();
     let man = clap_mangen::Man::new(cmd.clone())
         .date("")
         .manual("leaderrun manual");
@@ -286,7 +285,7 @@ pub fn man_page() -> Vec<u8> {
 /// (`leaderrun st<TAB>` would offer files, not `status`); what follows `--`
 /// is completed by leaderrun's additions instead.
 fn for_completion() -> clap::Command {
-    let full = Cli::command();
+    let full = cli::command();
     let mut cmd = clap::Command::new("leaderrun")
         .about(full.get_about().cloned().unwrap_or_default())
         .version(env!("CARGO_PKG_VERSION"));
