@@ -1,4 +1,5 @@
 fn main() {
+    one_malloc_arena();
     // `--generate man|bash|zsh|fish`: the man page and completions, for
     // packaging (hidden from --help).
     if let Some(code) = leaderrun::generate::from_args() {
@@ -19,3 +20,19 @@ fn main() {
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[link(name = "gcc_eh", kind = "static")]
 extern "C" {}
+
+/// Every thread allocates from the main malloc arena. By default glibc
+/// gives each new thread an arena of its own (a 64 MB reservation, faulted
+/// in page by page) as soon as it allocates: the store's worker thread paid
+/// that on every run for a few kilobytes of statements. leaderrun's threads
+/// (the store's worker, the log and metrics writers) allocate little and
+/// seldom at once, so one arena costs them nothing measurable, and each run
+/// less (docs/performance.md, "A lean run"). Set before any thread starts.
+fn one_malloc_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets a tunable of the allocator; no thread other
+    // than this one exists yet.
+    unsafe {
+        nix::libc::mallopt(nix::libc::M_ARENA_MAX, 1);
+    }
+}
