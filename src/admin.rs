@@ -5,16 +5,15 @@ use std::time::Duration;
 use tracing::Level;
 
 use crate::cli::{Admin, Common};
-use crate::store::{Init, LeaseInfo, Replication, Store, StoreError};
-use crate::{exit, logging};
+use crate::error::Error;
+use crate::exit::Exit;
+use crate::logging;
+use crate::store::{Init, LeaseInfo, Replication, Store};
 
 /// Admin calls are one-shot; this bounds connecting plus the statement.
 const CALL: Duration = Duration::from_secs(10);
 
-/// `1`: the answer is "no" (no such lease, nothing cleared, not live).
-pub const NO: i32 = 1;
-
-pub async fn run(cmd: Admin, common: Common) -> i32 {
+pub async fn run(cmd: Admin, common: Common) -> Result<Exit, Error> {
     // Every line about one lease names it, the refusals included.
     if let Admin::Release { name, .. }
     | Admin::Check { name, .. }
@@ -34,34 +33,19 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
     #[cfg(feature = "postgres")]
     if let (Admin::Init { print: true }, None) = (&cmd, &choice) {
         print_schema(crate::store::postgres::SCHEMA, "no store configured; ");
-        return 0;
+        return Ok(Exit::Yes);
     }
     let choice = choice.as_ref().map(|(s, o)| (s.as_str(), *o));
-    let mut store = match crate::store::open(choice, "leaderrun admin", CALL) {
-        Ok(s) => s,
-        Err(e) => {
-            let code = e.exit_code();
-            let event = if code == exit::USAGE {
-                "usage_error"
-            } else {
-                "store_error"
-            };
-            logging::say(Level::ERROR, event, &e.to_string());
-            return code;
-        }
-    };
+    let mut store = crate::store::open(choice, "leaderrun admin", CALL)?;
     // Looking must not create: a typo in a file store's path would
     // otherwise leave a new, empty store behind and answer "no leases".
     if !matches!(cmd, Admin::Init { .. }) {
         if let Some(file) = file_store(choice).filter(|f| !f.exists()) {
             if let Some((_, origin)) = choice {
-                let msg = format!(
-                    "no such store file {} (from {origin}); status, release and check never \
-                     create one (a run or `leaderrun init` does)",
-                    crate::names::printable(&file.to_string_lossy())
-                );
-                logging::say(Level::ERROR, "store_error", &msg);
-                return exit::FAILURE;
+                return Err(Error::NoStoreFile {
+                    file: crate::names::printable(&file.to_string_lossy()),
+                    origin,
+                });
             }
             // The embedded default before its first use: nothing has run
             // here, so there are no leases, which is an answer, not an error.
@@ -69,59 +53,43 @@ pub async fn run(cmd: Admin, common: Common) -> i32 {
         }
     }
     tracing::info!(event = "store", "store {}", store.describe());
-    let res = match cmd {
+    match cmd {
         Admin::Status { name, json } => {
             let leases = match &name {
-                Some(n) => store
-                    .inspect(n, CALL)
-                    .await
-                    .map(|l| l.into_iter().collect()),
-                None => store.list(CALL).await,
+                Some(n) => store.inspect(n, CALL).await?.into_iter().collect(),
+                None => store.list(CALL).await?,
             };
-            match leases {
-                Ok(leases) => {
-                    // What a failover can lose is worth a line, not a
-                    // failed status: a role that may not look says so.
-                    let repl = store
-                        .replication(CALL)
-                        .await
-                        .unwrap_or_else(|e| Replication::unknown(format!("not known ({e})")));
-                    Ok(status(leases, name, json, Some(&repl)))
-                }
-                Err(e) => Err(e),
-            }
+            // What a failover can lose is worth a line, not a failed
+            // status: a role that may not look says so.
+            let repl = store
+                .replication(CALL)
+                .await
+                .unwrap_or_else(|e| Replication::unknown(format!("not known ({e})")));
+            status(leases, name, json, Some(&repl))
         }
         Admin::Release { name, epoch } => release(&mut store, &name, epoch).await,
         Admin::Check { name, epoch } => check(&mut store, &name, epoch).await,
-        Admin::Init { print: true } => match store.schema() {
-            Some(schema) => {
-                print_schema(schema, "");
-                Ok(0)
+        Admin::Init { print: true } => {
+            match store.schema() {
+                Some(schema) => print_schema(schema, ""),
+                None => {
+                    let msg = format!(
+                        "{} keeps no table; there is no SQL to print",
+                        store.describe()
+                    );
+                    logging::say(Level::INFO, "no_table", &msg);
+                }
             }
-            None => {
-                let msg = format!(
-                    "{} keeps no table; there is no SQL to print",
-                    store.describe()
-                );
-                logging::say(Level::INFO, "no_table", &msg);
-                Ok(0)
-            }
-        },
-        Admin::Init { print: false } => store.init(CALL).await.map(|done| {
-            match done {
+            Ok(Exit::Yes)
+        }
+        Admin::Init { print: false } => {
+            match store.init(CALL).await? {
                 Init::Ready => crate::outln!("lease table ready in {}", store.describe()),
                 Init::NothingToDo => {
                     crate::outln!("nothing to do: {} keeps no table", store.describe())
                 }
             }
-            0
-        }),
-    };
-    match res {
-        Ok(code) => code,
-        Err(e) => {
-            tracing::error!(event = "store_error", "{e}");
-            exit::FAILURE
+            Ok(Exit::Yes)
         }
     }
 }
@@ -150,18 +118,18 @@ fn file_store(choice: Option<(&str, crate::store::Origin)>) -> Option<std::path:
 
 /// What the subcommand says about a store that holds these leases (used
 /// for an embedded store that does not exist yet: none).
-fn answer(cmd: Admin, leases: Vec<LeaseInfo>) -> i32 {
+fn answer(cmd: Admin, leases: Vec<LeaseInfo>) -> Result<Exit, Error> {
     match cmd {
         Admin::Status { name, json } => status(leases, name, json, None),
         Admin::Release { name, epoch } => {
             not_released(&name, epoch);
-            NO
+            Ok(Exit::No)
         }
         Admin::Check { name, epoch } => {
             tracing::warn!(event = "check_failed", epoch, "no lease named {name}");
-            NO
+            Ok(Exit::No)
         }
-        Admin::Init { .. } => 0,
+        Admin::Init { .. } => Ok(Exit::Yes),
     }
 }
 
@@ -179,7 +147,7 @@ fn status(
     name: Option<String>,
     json: bool,
     repl: Option<&Replication>,
-) -> i32 {
+) -> Result<Exit, Error> {
     if json {
         let objs: Vec<LeaseJson> = leases.iter().map(|l| LeaseJson::new(l, repl)).collect();
         // `--name`: the lease's object, or null; otherwise an array.
@@ -187,17 +155,7 @@ fn status(
             Some(_) => serde_json::to_string(&objs.first()),
             None => serde_json::to_string(&objs),
         };
-        match text {
-            Ok(text) => crate::outln!("{text}"),
-            Err(e) => {
-                logging::say(
-                    Level::ERROR,
-                    "output_failed",
-                    &format!("cannot write JSON: {e}"),
-                );
-                return exit::FAILURE;
-            }
-        }
+        crate::outln!("{}", text.map_err(Error::Output)?);
     } else {
         // The header even for no leases: a script or a reader can tell
         // "nothing there" from "nothing ran".
@@ -247,9 +205,9 @@ fn status(
             let msg = format!("no lease named {}", name.unwrap_or_default());
             logging::say(Level::WARN, "no_lease", &msg);
         }
-        return NO;
+        return Ok(Exit::No);
     }
-    0
+    Ok(Exit::Yes)
 }
 
 /// A time to or since expiry as a person reads it: to a tenth of a second
@@ -307,7 +265,7 @@ impl<'a> LeaseJson<'a> {
     }
 }
 
-async fn release(store: &mut Store, name: &str, epoch: Option<i64>) -> Result<i32, StoreError> {
+async fn release(store: &mut Store, name: &str, epoch: Option<i64>) -> Result<Exit, Error> {
     match store.clear(name, epoch, CALL).await? {
         Some(was) => {
             crate::outln!(
@@ -317,11 +275,11 @@ async fn release(store: &mut Store, name: &str, epoch: Option<i64>) -> Result<i3
                 state(&was),
                 was.epoch.saturating_add(1)
             );
-            Ok(0)
+            Ok(Exit::Yes)
         }
         None => {
             not_released(name, epoch);
-            Ok(NO)
+            Ok(Exit::No)
         }
     }
 }
@@ -334,10 +292,10 @@ fn not_released(name: &str, epoch: Option<i64>) {
     logging::say(Level::WARN, "not_released", &msg);
 }
 
-async fn check(store: &mut Store, name: &str, epoch: i64) -> Result<i32, StoreError> {
+async fn check(store: &mut Store, name: &str, epoch: i64) -> Result<Exit, Error> {
     let info = store.inspect(name, CALL).await?;
     match info {
-        Some(l) if l.is_live() && l.epoch == epoch => Ok(0),
+        Some(l) if l.is_live() && l.epoch == epoch => Ok(Exit::Yes),
         Some(l) => {
             tracing::warn!(
                 event = "check_failed",
@@ -346,11 +304,11 @@ async fn check(store: &mut Store, name: &str, epoch: i64) -> Result<i32, StoreEr
                 state(&l),
                 l.epoch
             );
-            Ok(NO)
+            Ok(Exit::No)
         }
         None => {
             tracing::warn!(event = "check_failed", epoch, "no lease named {name}");
-            Ok(NO)
+            Ok(Exit::No)
         }
     }
 }

@@ -24,6 +24,53 @@ pub fn for_signal(sig: i32) -> i32 {
     128 + sig
 }
 
+/// How a run or a subcommand ends. Every ending is one of these, and
+/// [`Exit::code`] is the one place where they become numbers; a failure
+/// (`crate::error::Error`) says which of them it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// 0: a subcommand's "yes", `--help`, `--version`.
+    Yes,
+    /// 1: a subcommand's "no".
+    No,
+    /// The command ran: its own status, or `128 + N` when it died of
+    /// signal `N` (as `supervisor::status_code` computes it).
+    Command(i32),
+    /// leaderrun got signal `N` while waiting; the command never started.
+    Signal(i32),
+    /// Try-once found the lease held: `--conflict-exit-code`.
+    Held(i32),
+    /// The lease was lost, or `--max-term` passed.
+    Lost,
+    /// `--timeout` passed without leading.
+    Timeout,
+    /// A usage error.
+    Usage,
+    /// leaderrun's own failure.
+    Failure,
+    /// The command exists but cannot be executed.
+    NotExecutable,
+    /// The command was not found.
+    NotFound,
+}
+
+impl Exit {
+    pub fn code(self) -> i32 {
+        match self {
+            Exit::Yes => 0,
+            Exit::No => NO,
+            Exit::Command(c) | Exit::Held(c) => c,
+            Exit::Signal(n) => for_signal(n),
+            Exit::Lost => LOST,
+            Exit::Timeout => TIMEOUT,
+            Exit::Usage => USAGE,
+            Exit::Failure => FAILURE,
+            Exit::NotExecutable => NOT_EXECUTABLE,
+            Exit::NotFound => NOT_FOUND,
+        }
+    }
+}
+
 /// One row of an exit table. `status` is what a reader looks up (a number,
 /// or a rule such as `128+N`); `meaning` may mark code with backticks, which
 /// each renderer turns into its own markup.

@@ -4,7 +4,7 @@
 //! checked in for packaging, and a test fails when they differ from it.
 //!
 //! Everything here is rendered from the clap definitions and the tables in
-//! `cli.rs` and `exit.rs`. The completions are clap_complete's, untouched,
+//! `cli/manual.rs` and `exit.rs`. The completions are clap_complete's, untouched,
 //! with leaderrun's own additions after them (the run form's COMMAND after
 //! `--`), never edits of clap_complete's text.
 

@@ -1,6 +1,7 @@
 //! leaderrun: run a command only while this process holds a lease.
 //!
-//! The library is the whole program; `main.rs` only calls [`run::main_entry`].
+//! The library is the whole program; `main.rs` only calls [`entry::main_entry`] (or the watchdog's or
+//! `--generate`'s own `main`).
 //! The elector and the stores are usable on their own.
 
 pub mod admin;
@@ -8,6 +9,8 @@ pub mod cli;
 pub mod clock;
 pub mod duration;
 pub mod elector;
+pub mod entry;
+pub mod error;
 pub mod exit;
 pub mod fork;
 pub mod generate;

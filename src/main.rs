@@ -5,7 +5,11 @@ fn main() {
     if let Some(code) = leaderrun::generate::from_args() {
         std::process::exit(code);
     }
-    let code = leaderrun::run::main_entry();
+    // The watchdog is this same binary started again (src/watchdog/).
+    if leaderrun::watchdog::is_watchdog() {
+        std::process::exit(leaderrun::watchdog::main());
+    }
+    let code = leaderrun::entry::main_entry().code();
     // Queued log lines get a bounded chance to reach stderr.
     leaderrun::report::flush_metrics(std::time::Duration::from_millis(500));
     leaderrun::stderr::flush(std::time::Duration::from_millis(500));

@@ -3,7 +3,7 @@
 //! in for packaging. These tests fail when the checked-in copies are stale;
 //! `LEADERRUN_REGENERATE=1 cargo nextest run -E 'test(/^generated::/)'`
 //! rewrites them. They also check that the exit statuses and timing rules
-//! in the code (src/exit.rs, src/cli.rs) are what --help, the man page and
+//! in the code (src/exit.rs, src/cli/manual.rs) are what --help, the man page and
 //! the README say.
 
 use std::path::{Path, PathBuf};

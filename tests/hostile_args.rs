@@ -162,7 +162,7 @@ fn no_command_line_panics_and_every_refusal_is_one_line() {
                     // What is accepted is added to boot-clock stamps (a
                     // deadline, the --timeout) and written to stores: it
                     // must stay far from overflowing either.
-                    for d in [cfg.timeout.map(|t| t.value()), cfg.min_hold]
+                    for d in [cfg.job.timeout.map(|t| t.value()), cfg.job.min_hold]
                         .into_iter()
                         .flatten()
                     {
@@ -170,7 +170,7 @@ fn no_command_line_panics_and_every_refusal_is_one_line() {
                         assert!(BootClock.now().checked_add(d).is_some());
                     }
                 })
-                .map_err(|r| r.msg),
+                .map_err(|e| e.to_string()),
         });
         match res {
             Err(_) => panic!("seed {seed} case {case}: {args:?} panicked"),

@@ -8,8 +8,9 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::guard::watched;
 use super::Run;
 use crate::clock::Clock;
+use crate::duration::show;
 use crate::elector::{Lease, Lost};
-use crate::exit;
+use crate::exit::Exit;
 use crate::stop::{Stop, StopPlan};
 use crate::supervisor::{self, status_code};
 
@@ -17,7 +18,10 @@ impl Run {
     /// A stop begun now, on the deadlines of `lease` (stop.rs): SIGTERM at
     /// once, SIGKILL `K` later but never past `G + K`.
     fn stop_now(&self, lease: &Lease) -> Stop {
-        Stop::at(&StopPlan::new(lease.sent, self.t), self.clock.now())
+        Stop::at(
+            &StopPlan::new(lease.sent, self.job.timing),
+            self.clock.now(),
+        )
     }
 
     /// The stop every ending but a plain exit shares: SIGTERM once, SIGKILL
@@ -44,7 +48,7 @@ impl Run {
         lease: &Lease,
         child: &mut supervisor::Child,
         st: ExitStatus,
-    ) -> i32 {
+    ) -> Exit {
         let stop = self.stop_now(lease);
         let (w, skip) = (self.watchdog.clone(), child.skip());
         let gone = watched(&w, skip, child.sweep(&self.clock, stop)).await;
@@ -57,7 +61,7 @@ impl Run {
             "command exited with status {code}"
         );
         if gone {
-            self.elector.release(lease, self.min_hold).await;
+            self.elector.release(lease, self.job.min_hold).await;
         } else {
             tracing::warn!(
                 event = "release_failed",
@@ -66,7 +70,7 @@ impl Run {
             );
         }
         self.report.borrow_mut().released();
-        code
+        Exit::Command(code)
     }
 
     /// The lease was lost: stop everything, exit 75. Once all of it is gone
@@ -81,12 +85,12 @@ impl Run {
         child: &mut supervisor::Child,
         lost: Lost,
         signals: &mut UnboundedReceiver<nix::sys::signal::Signal>,
-    ) -> i32 {
+    ) -> Exit {
         tracing::warn!(
             event = "lost",
             epoch = lease.epoch,
             "lost lease {}: {}; stopping the command",
-            self.name,
+            self.job.name,
             lost.reason
         );
         self.report.borrow_mut().lost();
@@ -104,7 +108,7 @@ impl Run {
         if gone && lost.reason != crate::elector::LossReason::Superseded {
             self.elector.release_after_loss(lease).await;
         }
-        exit::LOST
+        Exit::Lost
     }
 
     /// The watchdog died and no other could be started: the command must
@@ -114,7 +118,7 @@ impl Run {
         lease: &Lease,
         child: &mut supervisor::Child,
         signals: &mut UnboundedReceiver<nix::sys::signal::Signal>,
-    ) -> i32 {
+    ) -> Exit {
         tracing::warn!(
             event = "lost",
             epoch = lease.epoch,
@@ -134,7 +138,7 @@ impl Run {
             "command stopped (status {}); exiting 75",
             status_code(st)
         );
-        exit::LOST
+        Exit::Lost
     }
 
     /// `--max-term` passed: stop the command as on a loss, release, and sit
@@ -144,14 +148,14 @@ impl Run {
         lease: &Lease,
         child: &mut supervisor::Child,
         signals: &mut UnboundedReceiver<nix::sys::signal::Signal>,
-    ) -> i32 {
-        let name = self.name.clone();
-        let term = self.max_term.unwrap_or_default();
+    ) -> Exit {
+        let name = self.job.name.clone();
+        let term = self.job.max_term.unwrap_or_default();
         tracing::info!(
             event = "max_term",
             epoch = lease.epoch,
             "led {name} for --max-term ({}); stopping the command to hand over",
-            humantime::format_duration(term)
+            show(term)
         );
         if let Some(w) = self.watchdog.borrow_mut().as_mut() {
             w.stopping();
@@ -193,6 +197,6 @@ impl Run {
         // the caller should try again later (EX_TEMPFAIL); a unit or script
         // written for 75 needs nothing new. The log events (max_term,
         // stepped_down) tell the two apart.
-        exit::LOST
+        Exit::Lost
     }
 }

@@ -6,7 +6,8 @@ use std::rc::Rc;
 
 use super::Run;
 use crate::elector::Lease;
-use crate::exit;
+use crate::error::Error;
+use crate::tree::TermToken;
 use crate::watchdog::{Orders, Watchdog};
 
 /// Completes when the watchdog dies: its end of the ack pipe closes. Never,
@@ -94,25 +95,25 @@ pub(super) async fn watched<T>(
 impl Run {
     /// The second guard starts before the command does: from the command's
     /// first instant, either process stops it on time (docs/contract.md §10).
-    /// Err is the exit status: the command must not start.
+    /// Err: the command must not start (the lease has been released).
     pub(super) async fn arm_watchdog(
         &mut self,
         lease: &Lease,
         early: Option<Watchdog>,
-    ) -> Result<(), i32> {
+    ) -> Result<(), Error> {
         let orders = Orders {
-            store: self.store_arg.clone(),
-            origin: self.store_origin,
-            name: self.name.clone(),
-            holder: self.holder.clone(),
+            store: self.job.store_arg.clone(),
+            origin: self.job.store_origin,
+            name: self.job.name.clone(),
+            holder: self.job.holder.clone(),
             epoch: lease.epoch,
-            timing: self.t,
-            min_hold: self.min_hold,
+            timing: self.job.timing,
+            min_hold: self.job.min_hold,
             acquired_at: lease.acquired_at,
             sent: lease.sent,
-            verbose: self.log.verbose,
-            quiet: self.log.quiet,
-            json: self.log.format == crate::logging::LogFormat::Json,
+            verbose: self.job.log.verbose,
+            quiet: self.job.log.quiet,
+            json: self.job.log.format == crate::logging::LogFormat::Json,
         };
         let started = match early {
             Some(w) => w.give(&orders),
@@ -124,21 +125,20 @@ impl Run {
                 Ok(())
             }
             Err(e) => {
-                tracing::error!(
-                    event = "watchdog_failed",
-                    "cannot start the watchdog ({e}); not running the command"
-                );
                 self.elector.release(lease, None).await;
-                Err(exit::FAILURE)
+                Err(Error::Watchdog(e))
             }
         }
     }
 
-    /// Whether a watchdog is alive and holds its orders, replacing a dead
-    /// one if need be.
-    pub(super) fn ensure_watchdog(&self) -> bool {
+    /// The SIGTERM token of a watchdog that is alive and holds its orders,
+    /// replacing a dead one if need be; `None` when none can be had.
+    pub(super) fn ensure_watchdog(&self) -> Option<TermToken> {
         let alive = self.watchdog.borrow().as_ref().is_some_and(Watchdog::alive);
-        alive || replace_watchdog(&self.watchdog)
+        if !alive && !replace_watchdog(&self.watchdog) {
+            return None;
+        }
+        self.watchdog.borrow().as_ref().map(Watchdog::token)
     }
 
     /// The watchdog's work is over: everything the command started is gone.

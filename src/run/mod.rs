@@ -10,90 +10,28 @@ mod config;
 mod endings;
 mod guard;
 
-pub use config::{Refused, RunConfig};
+pub use config::{Job, RunConfig};
 use guard::{replace_watchdog, watchdog_gone};
 
 use std::cell::RefCell;
-use std::ffi::OsString;
 use std::process::ExitStatus;
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::cli::{one_line_error, Cli};
 use crate::clock::{BootClock, Clock};
 use crate::duration::DurationArg;
 use crate::elector::{describe_held, Elector, Lease, Lost, Observer, Waited};
+use crate::error::Error;
+use crate::exit::Exit;
 use crate::report::{self, Reporter};
 use crate::stop::StopPlan;
 use crate::store::{LeaseInfo, Lock};
 use crate::supervisor;
 use crate::terminal::Terminal;
-use crate::timing::Timing;
 use crate::tree::Cgroup;
-use crate::watchdog::{self, Watchdog};
-use crate::{exit, logging, signals};
+use crate::watchdog::Watchdog;
+use crate::{logging, signals};
 use tokio::sync::mpsc::UnboundedReceiver;
-use tracing::Level;
-
-/// Parse the command line, run, and return the exit status.
-pub fn main_entry() -> i32 {
-    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(watchdog::ARG)) {
-        return watchdog::main();
-    }
-    let cli = match crate::cli::parse() {
-        Ok(c) => c,
-        Err(e) => {
-            use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
-            if matches!(e.kind(), DisplayHelp | DisplayVersion) {
-                let _ = e.print();
-                return 0;
-            }
-            // clap refused the line, so which format it asked for is read
-            // from the arguments themselves.
-            logging::set_format(crate::cli::log_format_in(std::env::args_os()));
-            let line = one_line_error(&e);
-            let msg = line.strip_prefix("error: ").unwrap_or(&line);
-            logging::say(Level::ERROR, "usage_error", msg);
-            return exit::USAGE;
-        }
-    };
-    let Cli {
-        admin,
-        common,
-        run: run_args,
-    } = cli;
-    logging::init(common.log());
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            let msg = format!("cannot start the runtime: {e}");
-            logging::say(Level::ERROR, "startup_failed", &msg);
-            return exit::FAILURE;
-        }
-    };
-    if let Some(cmd) = admin {
-        return rt.block_on(crate::admin::run(cmd, common));
-    }
-    let cfg = match RunConfig::from_cli(common, run_args) {
-        Ok(c) => c,
-        Err(r) => {
-            let event = if r.code == exit::USAGE {
-                "usage_error"
-            } else {
-                "store_error"
-            };
-            logging::say(Level::ERROR, event, &r.msg);
-            return r.code;
-        }
-    };
-    logging::set_context(&cfg.name, &cfg.holder);
-    // One thread: the child's parent-death signal is tied to the thread that
-    // spawned it (see src/supervisor/), and the main thread lives longest.
-    rt.block_on(run(cfg))
-}
 
 enum End {
     Exited(ExitStatus),
@@ -140,27 +78,15 @@ impl Observer for Observers {
 const OVERLAP_AFTER: Duration = Duration::from_millis(3);
 
 /// The run form, start to finish: the story; each step is a method below.
-pub async fn run(cfg: RunConfig) -> i32 {
+pub async fn run(cfg: RunConfig) -> Result<Exit, Error> {
     // Whether `nohup` (or anything else) set SIGHUP to "ignore": it stays
     // so, for leaderrun and for the command.
     let hup_ignored = signals::ignored(nix::sys::signal::Signal::SIGHUP);
-    let mut signals = match signals::listen(hup_ignored) {
-        Ok(rx) => rx,
-        Err(e) => {
-            tracing::error!(
-                event = "startup_failed",
-                "cannot install signal handlers: {e}"
-            );
-            return exit::FAILURE;
-        }
-    };
-    let file = match supervisor::check_command(&cfg.command) {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::error!(event = "spawn_failed", "{e}");
-            return e.exit_code();
-        }
-    };
+    let mut signals = signals::listen(hup_ignored).map_err(|source| Error::Startup {
+        what: "install signal handlers",
+        source,
+    })?;
+    let file = supervisor::check_command(&cfg.job.command)?;
     // Orphans of the command's tree come to leaderrun, not init (tree.rs),
     // and so does the watchdog once its intermediate exits (fork.rs): its
     // reaper is then leaderrun, not a PID 1 that may reap nothing.
@@ -174,17 +100,17 @@ pub async fn run(cfg: RunConfig) -> i32 {
     // acquiring, so that standbys stay one process each.
     let mut early = None;
     let waited = {
-        let timeout = r.timeout.as_ref().map(DurationArg::value);
-        let acquire = r.elector.wait_for_lease(r.wait, timeout, &mut signals);
+        let timeout = r.job.timeout.as_ref().map(DurationArg::value);
+        let acquire = r.elector.wait_for_lease(r.job.wait, timeout, &mut signals);
         tokio::pin!(acquire);
-        if r.wait {
+        if r.job.wait {
             acquire.await
         } else {
             tokio::select! {
                 biased;
                 w = &mut acquire => w,
                 () = tokio::time::sleep(OVERLAP_AFTER) => {
-                    early = Watchdog::spawn(&r.name).ok();
+                    early = Watchdog::spawn(&r.job.name).ok();
                     acquire.await
                 }
             }
@@ -195,36 +121,24 @@ pub async fn run(cfg: RunConfig) -> i32 {
         other => return r.not_leading(other),
     };
     r.acquired(&lease);
-    if let Err(code) = r.arm_watchdog(&lease, early).await {
-        return code;
-    }
-    let mut child = match r.start_command(&lease, &file, hup_ignored).await {
-        Ok(c) => c,
-        Err(code) => return code,
+    r.arm_watchdog(&lease, early).await?;
+    let Some(mut child) = r.start_command(&lease, &file, hup_ignored).await? else {
+        return Ok(Exit::Lost);
     };
-    match r.supervise(&mut lease, &mut child, &mut signals).await {
-        End::Exited(st) => r.after_exit(&lease, &mut child, st).await,
-        End::Lost(lost) => r.after_loss(&lease, &mut child, lost, &mut signals).await,
-        End::Stepped => r.after_term(&lease, &mut child, &mut signals).await,
-        End::Unguarded => r.after_unguarded(&lease, &mut child, &mut signals).await,
-    }
+    Ok(
+        match r.supervise(&mut lease, &mut child, &mut signals).await {
+            End::Exited(st) => r.after_exit(&lease, &mut child, st).await,
+            End::Lost(lost) => r.after_loss(&lease, &mut child, lost, &mut signals).await,
+            End::Stepped => r.after_term(&lease, &mut child, &mut signals).await,
+            End::Unguarded => r.after_unguarded(&lease, &mut child, &mut signals).await,
+        },
+    )
 }
 
 /// What the run form holds from acquiring to exiting.
 struct Run {
-    name: String,
-    holder: String,
-    t: Timing,
+    job: Job,
     clock: BootClock,
-    wait: bool,
-    timeout: Option<DurationArg>,
-    min_hold: Option<Duration>,
-    max_term: Option<Duration>,
-    conflict_exit_code: i32,
-    command: Vec<OsString>,
-    store_arg: Option<crate::redact::Secret>,
-    store_origin: crate::store::Origin,
-    log: logging::Settings,
     elector: Elector<Lock, BootClock>,
     report: Rc<RefCell<Reporter>>,
     watchdog: Rc<RefCell<Option<Watchdog>>>,
@@ -234,23 +148,23 @@ struct Run {
 
 impl Run {
     fn new(cfg: RunConfig) -> Run {
+        let RunConfig { store, job } = cfg;
         let clock = BootClock;
-        let t = cfg.timing;
         tracing::info!(
             event = "store",
             "store {}; holder {}",
-            cfg.store.describe(),
-            cfg.holder
+            store.describe(),
+            job.holder
         );
-        let lock = cfg.store.lock(cfg.name.clone(), cfg.holder.clone());
-        let wakeups = if cfg.push { lock.wakeups() } else { None };
+        let lock = store.lock(job.name.clone(), job.holder.clone());
+        let wakeups = if job.push { lock.wakeups() } else { None };
         let extends = lock.capabilities().failover_extends_lease;
-        let mut elector = Elector::new(lock, clock, t);
+        let mut elector = Elector::new(lock, clock, job.timing);
         elector.failover_extends_lease(extends);
         if let Some(w) = wakeups {
             elector.push(w);
         }
-        let report = Reporter::new(&cfg.name, cfg.metrics_file.clone()).shared();
+        let report = Reporter::new(&job.name, job.metrics_file.clone()).shared();
         let watchdog: Rc<RefCell<Option<Watchdog>>> = Rc::default();
         elector.observe(Box::new(Observers {
             report: report::Shared(report.clone()),
@@ -258,19 +172,8 @@ impl Run {
         }));
         report.borrow_mut().starting();
         Run {
-            name: cfg.name,
-            holder: cfg.holder,
-            t,
+            job,
             clock,
-            wait: cfg.wait,
-            timeout: cfg.timeout,
-            min_hold: cfg.min_hold,
-            max_term: cfg.max_term,
-            conflict_exit_code: cfg.conflict_exit_code,
-            command: cfg.command,
-            store_arg: cfg.store_arg,
-            store_origin: cfg.store_origin,
-            log: cfg.log,
             elector,
             report,
             watchdog,
@@ -278,11 +181,12 @@ impl Run {
         }
     }
 
-    /// The exit status when the lease was not had.
-    fn not_leading(&self, w: Waited<nix::sys::signal::Signal>) -> i32 {
-        let name = &self.name;
+    /// How the run ends when the lease was not had.
+    fn not_leading(&self, w: Waited<nix::sys::signal::Signal>) -> Result<Exit, Error> {
+        let name = &self.job.name;
         match w {
-            Waited::Acquired(_) => exit::FAILURE,
+            // Not reached: the caller took the lease.
+            Waited::Acquired(_) => Ok(Exit::Failure),
             Waited::Held(info) => {
                 match info {
                     Some(i) => tracing::info!(
@@ -295,27 +199,24 @@ impl Run {
                         "lease {name} is held elsewhere; not running the command"
                     ),
                 }
-                self.conflict_exit_code
+                Ok(Exit::Held(self.job.conflict_exit_code))
             }
             Waited::TimedOut => {
-                let waited = self.timeout.clone().unwrap_or_default();
+                let waited = self.job.timeout.clone().unwrap_or_default();
                 tracing::warn!(
                     event = "timeout",
                     "--timeout ({waited}) passed without leading {name}"
                 );
-                exit::TIMEOUT
+                Ok(Exit::Timeout)
             }
             Waited::Interrupted(sig) => {
                 tracing::info!(
                     event = "interrupted",
                     "{sig} while waiting for lease {name}; the command was not started"
                 );
-                exit::for_signal(sig as i32)
+                Ok(Exit::Signal(sig as i32))
             }
-            Waited::Failed(e) => {
-                tracing::error!(event = "store_error", "{e}");
-                exit::FAILURE
-            }
+            Waited::Failed(e) => Err(e.into()),
         }
     }
 
@@ -324,29 +225,30 @@ impl Run {
             event = "acquired",
             epoch = lease.epoch,
             "acquired lease {}",
-            self.name
+            self.job.name
         );
         self.report.borrow_mut().acquired(lease.epoch);
         logging::set_epoch(lease.epoch);
     }
 
     /// Start the command on `lease`, in a cgroup of its own where one can be
-    /// made. Err is the exit status: no command runs.
+    /// made. `None`: the give-up deadline passed first (a freeze), and it
+    /// never started; on an error the lease has been released.
     async fn start_command(
         &mut self,
         lease: &Lease,
         file: &std::path::Path,
         hup_ignored: bool,
-    ) -> Result<supervisor::Child, i32> {
-        let name = &self.name;
+    ) -> Result<Option<supervisor::Child>, Error> {
+        let name = &self.job.name;
         let env = [
             ("LEASE_EPOCH", lease.epoch.to_string()),
             ("LEASE_NAME", name.clone()),
-            ("LEASE_HOLDER", self.holder.clone()),
+            ("LEASE_HOLDER", self.job.holder.clone()),
         ];
         // A freeze between the acquisition and this line must not start the
         // command on a lease that may already have passed on.
-        let plan = StopPlan::new(lease.sent, self.t);
+        let plan = StopPlan::new(lease.sent, self.job.timing);
         if self.clock.now() >= plan.give_up_at() {
             tracing::warn!(
                 event = "lost",
@@ -354,22 +256,17 @@ impl Run {
                 "lost lease {name} before the command started: past the give-up deadline (frozen?)"
             );
             self.finish_watchdog();
-            return Err(exit::LOST);
+            return Ok(None);
         }
         // The second guard must be alive and hold its orders now: one that
         // died since (the OOM killer, a stray kill) is replaced first.
-        if !self.ensure_watchdog() {
-            tracing::error!(
-                event = "watchdog_failed",
-                "the watchdog is gone and no other could be started; not running the command"
-            );
-            self.finish_watchdog();
-            self.elector.release(lease, None).await;
-            return Err(exit::FAILURE);
-        }
-        let token = match self.watchdog.borrow().as_ref() {
-            Some(w) => w.token(),
-            None => return Err(exit::FAILURE),
+        let token = match self.ensure_watchdog() {
+            Some(token) => token,
+            None => {
+                self.finish_watchdog();
+                self.elector.release(lease, None).await;
+                return Err(Error::Unguarded);
+            }
         };
         // The watchdog learns the cgroup's path before it exists: should
         // leaderrun die from here on, the watchdog stops what runs there
@@ -396,7 +293,7 @@ impl Run {
             token,
             deadline: plan.give_up_at(),
         };
-        let child = match supervisor::spawn(&self.command, file, &env, place) {
+        let child = match supervisor::spawn(&self.job.command, file, &env, place) {
             Ok(c) => c,
             Err(supervisor::SpawnError::PastDeadline) => {
                 tracing::warn!(
@@ -405,13 +302,12 @@ impl Run {
                     "lost lease {name} before the command started: past the give-up deadline at exec (frozen?)"
                 );
                 self.finish_watchdog();
-                return Err(exit::LOST);
+                return Ok(None);
             }
             Err(e) => {
-                tracing::error!(event = "spawn_failed", "{e}");
                 self.finish_watchdog();
                 self.elector.release(lease, None).await;
-                return Err(e.exit_code());
+                return Err(e.into());
             }
         };
         if let Some(w) = self.watchdog.borrow_mut().as_mut() {
@@ -422,7 +318,7 @@ impl Run {
             );
         }
         tracing::debug!(event = "started", pid = child.pid(), "started the command");
-        Ok(child)
+        Ok(Some(child))
     }
 
     /// Hold the lease while the command runs: until it exits, the lease is
@@ -434,7 +330,7 @@ impl Run {
         signals: &mut UnboundedReceiver<nix::sys::signal::Signal>,
     ) -> End {
         let clock = self.clock;
-        let step_down = self.max_term.map(|m| lease.acquired_at + m);
+        let step_down = self.job.max_term.map(|m| lease.acquired_at + m);
         let watchdog = self.watchdog.clone();
         let end = {
             let hold = self.elector.hold(lease);
@@ -471,7 +367,7 @@ impl Run {
         // watchdog stops the command meanwhile, and after `fg` leaderrun
         // runs on from inside that wait and finds the command gone before
         // its give-up timer is looked at.
-        let give_up_at = StopPlan::new(lease.sent, self.t).give_up_at();
+        let give_up_at = StopPlan::new(lease.sent, self.job.timing).give_up_at();
         if matches!(end, End::Exited(_)) && clock.now() >= give_up_at {
             return End::Lost(Lost {
                 reason: self.elector.late_or_gave_up(give_up_at),

@@ -101,8 +101,8 @@ pub enum GrantError {
     TooLong { requested: Duration, most: Duration },
 }
 
-fn show(d: Duration) -> humantime::FormattedDuration {
-    humantime::format_duration(d)
+fn show(d: Duration) -> crate::duration::Shown {
+    crate::duration::show(d)
 }
 
 /// The table a SQL store keeps its leases in, for `init --print`.

@@ -79,7 +79,7 @@ impl<C: Connect> Session<C> {
             Err(_) => Err(StoreError::unavailable(format!(
                 "the store {} did not answer within {}",
                 self.c.shown(),
-                humantime::format_duration(timeout)
+                crate::duration::show(timeout)
             ))),
         }
     }

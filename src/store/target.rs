@@ -89,10 +89,10 @@ pub enum ResolveError {
 }
 
 impl ResolveError {
-    pub fn exit_code(&self) -> i32 {
+    pub fn exit(&self) -> crate::exit::Exit {
         match self {
-            ResolveError::NoHome => crate::exit::FAILURE,
-            _ => crate::exit::USAGE,
+            ResolveError::NoHome => crate::exit::Exit::Failure,
+            _ => crate::exit::Exit::Usage,
         }
     }
 }
@@ -126,9 +126,9 @@ pub(crate) fn known_schemes() -> String {
 /// is named by its origin, and its scheme is shown only when it is plainly a
 /// scheme (`[a-z][a-z0-9+.-]*://`), never anything after it.
 pub(crate) fn parse(raw: &str, origin: Origin) -> Result<url::Url, ResolveError> {
-    // URL parsing drops tabs and newlines silently; the string itself goes
-    // on to the watchdog as one line of its orders, where a newline would
-    // end that line and begin another. No store string needs one.
+    // URL parsing drops tabs and newlines silently, so the URL used would
+    // not be the string given (and the watchdog, which resolves the string
+    // again, must reach the same store). No store string needs one.
     if raw.chars().any(char::is_control) {
         return Err(ResolveError::ControlCharacter(origin));
     }
@@ -376,7 +376,7 @@ mod tests {
             "the store URL from DATABASE_URL names a redis:// store, which this leaderrun was \
              built without (its Cargo feature redis was not enabled)"
         );
-        assert_eq!(e.exit_code(), crate::exit::USAGE);
+        assert_eq!(e.exit(), crate::exit::Exit::Usage);
     }
 
     /// Through the registry, as the binary opens it: every scheme of a

@@ -40,7 +40,7 @@ use nix::unistd::Pid;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::clock::Clock;
-use crate::exit;
+use crate::exit::{self, Exit};
 use crate::fork::{self, Program};
 use crate::stop::{Step, Stop, ROUND};
 use crate::terminal::Terminal;
@@ -81,14 +81,15 @@ pub enum SpawnError {
 }
 
 impl SpawnError {
-    pub fn exit_code(&self) -> i32 {
+    pub fn exit(&self) -> Exit {
         match self {
-            SpawnError::NotFound(_) => exit::NOT_FOUND,
+            SpawnError::NotFound(_) => Exit::NotFound,
             SpawnError::NotExecutable(_) | SpawnError::Io { .. } | SpawnError::Prepare { .. } => {
-                exit::NOT_EXECUTABLE
+                Exit::NotExecutable
             }
-            SpawnError::Interpreter(_, code) => *code,
-            SpawnError::PastDeadline => exit::LOST,
+            SpawnError::Interpreter(_, code) if *code == exit::NOT_FOUND => Exit::NotFound,
+            SpawnError::Interpreter(..) => Exit::NotExecutable,
+            SpawnError::PastDeadline => Exit::Lost,
         }
     }
 }
@@ -445,7 +446,7 @@ mod tests {
             )
         );
         assert!(e.source().is_some());
-        assert_eq!(e.exit_code(), exit::NOT_EXECUTABLE);
+        assert_eq!(e.exit(), Exit::NotExecutable);
         let nul = match Program::new(
             std::path::Path::new("/bin/true"),
             &["a\0b".into()],
@@ -463,6 +464,6 @@ mod tests {
             "command not executable: ./job: an argument or environment variable holds a NUL byte"
         );
         assert!(e.source().and_then(|s| s.source()).is_some());
-        assert_eq!(e.exit_code(), exit::NOT_EXECUTABLE);
+        assert_eq!(e.exit(), Exit::NotExecutable);
     }
 }

@@ -56,7 +56,12 @@ pub const ARG: &str = "--be-watchdog";
 /// The line a watchdog writes on its stdout once it holds its orders.
 const READY: &[u8] = b"ready\n";
 
-/// The watchdog process's entry (see process.rs).
+/// Whether this process was started as a watchdog (`argv[1]` is [`ARG`]).
+pub fn is_watchdog() -> bool {
+    std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(ARG))
+}
+
+/// The watchdog process's entry (see process.rs): its exit status.
 pub fn main() -> i32 {
     process::main()
 }

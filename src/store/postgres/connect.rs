@@ -40,7 +40,7 @@ impl Pg {
                     return Err((
                         format!(
                             "no connection within connect_timeout ({})",
-                            humantime::format_duration(t)
+                            crate::duration::show(t)
                         ),
                         true,
                     ))
