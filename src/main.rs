@@ -6,11 +6,14 @@ fn main() {
         std::process::exit(code);
     }
     // The watchdog is this same binary started again (src/watchdog/).
-    if leaderrun::watchdog::is_watchdog() {
-        std::process::exit(leaderrun::watchdog::main());
-    }
-    let code = leaderrun::entry::main_entry().code();
-    // Queued log lines get a bounded chance to reach stderr.
+    let code = if leaderrun::watchdog::is_watchdog() {
+        leaderrun::watchdog::main()
+    } else {
+        leaderrun::entry::main_entry().code()
+    };
+    // Queued log lines (the watchdog's too: its last line is often the one
+    // that says what became of the lease) get a bounded chance to reach
+    // stderr.
     leaderrun::report::flush_metrics(std::time::Duration::from_millis(500));
     leaderrun::stderr::flush(std::time::Duration::from_millis(500));
     std::process::exit(code);
