@@ -31,6 +31,9 @@ _leaderrun() {
             leaderrun,status)
                 cmd="leaderrun__subcmd__status"
                 ;;
+            leaderrun,watch)
+                cmd="leaderrun__subcmd__watch"
+                ;;
             leaderrun__subcmd__help,check)
                 cmd="leaderrun__subcmd__help__subcmd__check"
                 ;;
@@ -46,6 +49,9 @@ _leaderrun() {
             leaderrun__subcmd__help,status)
                 cmd="leaderrun__subcmd__help__subcmd__status"
                 ;;
+            leaderrun__subcmd__help,watch)
+                cmd="leaderrun__subcmd__help__subcmd__watch"
+                ;;
             *)
                 ;;
         esac
@@ -53,7 +59,7 @@ _leaderrun() {
 
     case "${cmd}" in
         leaderrun)
-            opts="-s -v -q -n -h -V --store --verbose --quiet --log-format --name --lease --renew --give-up --kill-after --wait --timeout --retry --min-hold --max-term --no-push --holder --conflict-exit-code --metrics-file --help --version status release check init help"
+            opts="-s -v -q -n -h -V --store --verbose --quiet --log-format --name --lease --renew --give-up --kill-after --wait --timeout --retry --min-hold --max-term --no-push --holder --conflict-exit-code --metrics-file --help --version status release check watch init help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -173,7 +179,7 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__help)
-            opts="status release check init help"
+            opts="status release check watch init help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -243,6 +249,20 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__help__subcmd__status)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leaderrun__subcmd__help__subcmd__watch)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -332,6 +352,44 @@ _leaderrun() {
                     return 0
                     ;;
                 -n)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --store)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -s)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leaderrun__subcmd__watch)
+            opts="-n -s -v -q -h --name --json --retry --store --verbose --quiet --log-format --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --name)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -n)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --retry)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -48,6 +48,7 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -s V -l version -d 'Pr
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -f -a "status" -d 'Show holder, epoch and time to expiry (by the store\'s clock) of one lease or all'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -f -a "release" -d 'Clear a lease whose holder is gone; the next holder still gets a higher epoch'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -f -a "check" -d 'Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -f -a "watch" -d 'Print who holds the lease(s) now, then one line per change (acquired, released, expired) until interrupted'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -f -a "init" -d 'Create the lease table, or print its SQL with --print'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s n -l name -d 'Only this lease' -r
@@ -74,6 +75,15 @@ json\t'One JSON object per event'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s q -l quiet -d 'Only errors'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand watch" -s n -l name -d 'Only this lease (woken by the store\'s push where it has one)' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand watch" -l retry -d 'How often to read the store [default: 2s]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand watch" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379...] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand watch" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
+json\t'One JSON object per event'"
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand watch" -l json -d 'One JSON object per line'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand watch" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand watch" -s q -l quiet -d 'Only errors'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand watch" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379...] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"
@@ -81,11 +91,12 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -l print -d 'P
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s q -l quiet -d 'Only errors'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand init" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "status" -d 'Show holder, epoch and time to expiry (by the store\'s clock) of one lease or all'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "release" -d 'Clear a lease whose holder is gone; the next holder still gets a higher epoch'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "check" -d 'Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "init" -d 'Create the lease table, or print its SQL with --print'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check init help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check watch init help" -f -a "status" -d 'Show holder, epoch and time to expiry (by the store\'s clock) of one lease or all'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check watch init help" -f -a "release" -d 'Clear a lease whose holder is gone; the next holder still gets a higher epoch'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check watch init help" -f -a "check" -d 'Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check watch init help" -f -a "watch" -d 'Print who holds the lease(s) now, then one line per change (acquired, released, expired) until interrupted'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check watch init help" -f -a "init" -d 'Create the lease table, or print its SQL with --print'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status release check watch init help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 
 # leaderrun's additions to clap_complete's script above.
 # The values of an option still waiting for one.

@@ -1,4 +1,4 @@
-//! The operator's subcommands: status, release, check, init.
+//! The operator's subcommands: status, release, check, watch, init.
 
 use std::time::Duration;
 
@@ -19,10 +19,18 @@ pub async fn run(cmd: Admin, common: Common) -> Result<Exit, Error> {
     | Admin::Check { name, .. }
     | Admin::Status {
         name: Some(name), ..
+    }
+    | Admin::Watch {
+        name: Some(name), ..
     } = &cmd
     {
         logging::set_context(name, "");
     }
+    // Flags first: a bad one is refused before any store is touched.
+    let interval = match &cmd {
+        Admin::Watch { retry, .. } => watch_interval(retry.clone())?,
+        _ => crate::timing::DEFAULT_RETRY,
+    };
     let choice = crate::store::choose(
         common.store.map(crate::redact::Secret::into_exposed),
         common.store_origin,
@@ -39,7 +47,12 @@ pub async fn run(cmd: Admin, common: Common) -> Result<Exit, Error> {
     let mut store = crate::store::open(choice, "leaderrun admin", CALL)?;
     // Looking must not create: a typo in a file store's path would
     // otherwise leave a new, empty store behind and answer "no leases".
-    if !matches!(cmd, Admin::Init { .. }) {
+    // A watcher started before this host's first run is the exception: the
+    // embedded default is made where and as a run would make it, and the
+    // watcher sees that run take the lease.
+    let may_create = matches!(cmd, Admin::Init { .. })
+        || (choice.is_none() && matches!(cmd, Admin::Watch { .. }));
+    if !may_create {
         if let Some(file) = file_store(choice).filter(|f| !f.exists()) {
             if let Some((_, origin)) = choice {
                 return Err(Error::NoStoreFile {
@@ -69,6 +82,9 @@ pub async fn run(cmd: Admin, common: Common) -> Result<Exit, Error> {
         }
         Admin::Release { name, epoch } => release(&mut store, &name, epoch).await,
         Admin::Check { name, epoch } => check(&mut store, &name, epoch).await,
+        Admin::Watch { name, json, .. } => {
+            crate::watch::run(&mut store, name, json, interval).await
+        }
         Admin::Init { print: true } => {
             match store.schema() {
                 Some(schema) => print_schema(schema, ""),
@@ -130,7 +146,21 @@ fn answer(cmd: Admin, leases: Vec<LeaseInfo>) -> Result<Exit, Error> {
             Ok(Exit::No)
         }
         Admin::Init { .. } => Ok(Exit::Yes),
+        // Not reached: a watcher may create the embedded default (above).
+        Admin::Watch { .. } => Ok(Exit::Yes),
     }
+}
+
+/// `watch --retry`, with the run form's default and lower bound.
+fn watch_interval(retry: Option<crate::duration::DurationArg>) -> Result<Duration, Error> {
+    use crate::timing::{TimingError, DEFAULT_RETRY, MIN_RETRY};
+    let retry = retry.unwrap_or_else(|| DEFAULT_RETRY.into());
+    if retry.value() < MIN_RETRY {
+        return Err(Error::Usage(
+            TimingError::RetryTooShort { retry }.to_string(),
+        ));
+    }
+    Ok(retry.value())
 }
 
 /// The failover line under the table, and its JSON fields.

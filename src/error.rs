@@ -25,7 +25,7 @@ pub enum Error {
     Store(#[from] StoreError),
     /// A file store that a subcommand would have to create to look into.
     #[error(
-        "no such store file {file} (from {origin}); status, release and check never create one \
+        "no such store file {file} (from {origin}); status, release, check and watch never create one \
          (a run or `leaderrun init` does)"
     )]
     NoStoreFile {

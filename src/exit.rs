@@ -135,12 +135,12 @@ pub const RUN_FORM: &[Status] = &[
     ),
 ];
 
-/// The subcommands' (`status`, `release`, `check`, `init`) exit statuses.
+/// The subcommands' (`status`, `release`, `check`, `watch`, `init`) exit statuses.
 pub const SUBCOMMANDS: &[Status] = &[
     row(
         "0",
         Some(0),
-        "yes, done: status read, lease released, lease live at that epoch, table ready",
+        "yes, done: status read, lease released, lease live at that epoch, table ready, watch ended by SIGINT, SIGTERM or a closed stdout",
     ),
     row(
         "1",

@@ -27,4 +27,5 @@ pub mod supervisor;
 pub mod terminal;
 pub mod timing;
 pub mod tree;
+pub mod watch;
 pub mod watchdog;

@@ -36,6 +36,7 @@ mod store_sqlite;
 mod store_strings;
 mod strangers;
 mod terminal;
+mod watch;
 mod watchdog;
 mod will_not_heal;
 

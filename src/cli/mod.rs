@@ -203,6 +203,18 @@ pub enum Admin {
         #[arg(short, long, env = "LEASE_EPOCH", hide_env_values = true)]
         epoch: i64,
     },
+    /// Print who holds the lease(s) now, then one line per change (acquired, released, expired) until interrupted
+    Watch {
+        /// Only this lease (woken by the store's push where it has one)
+        #[arg(short, long, value_parser = parse_name)]
+        name: Option<String>,
+        /// One JSON object per line
+        #[arg(long)]
+        json: bool,
+        /// How often to read the store [default: 2s]
+        #[arg(long, value_name = "DUR", value_parser = duration)]
+        retry: Option<DurationArg>,
+    },
     /// Create the lease table, or print its SQL with --print
     Init {
         /// Print the SQL instead of running it

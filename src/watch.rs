@@ -1,0 +1,528 @@
+//! `leaderrun watch`: who holds a lease now, then one line for every change.
+//!
+//! It only looks: nothing here takes, renews or clears a lease, so a watcher
+//! can neither delay nor disturb the holders it reports on, and what it
+//! prints is a report, not a decision (a script that must act only while it
+//! leads runs under leaderrun, or asks `check`).
+//!
+//! Changes are found by comparing successive reads. With `--name`, on a
+//! store that pushes, the watcher subscribes to "this lease was freed"
+//! before every read (store/wake.rs), so a release is printed as soon as
+//! the push arrives; otherwise, and for acquisitions, it reads every
+//! `--retry`. A change that comes and goes between two reads (a lease taken
+//! and given back within one interval) is seen as its net effect: the epoch
+//! a line names is always the one the store had at that read.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::error::Error;
+use crate::exit::Exit;
+use crate::store::{LeaseInfo, Store, StoreError, Subscription, Wakeups};
+
+/// What one read said about one lease, and when (on this host's monotonic
+/// clock: only used to tell an expiry from a release).
+#[derive(Debug, Clone)]
+struct Seen {
+    info: LeaseInfo,
+    at: Instant,
+}
+
+/// A change between two reads of one lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Change {
+    /// A holder took the lease (or took it again: a new epoch).
+    Acquired { previous_epoch: Option<i64> },
+    /// The lease was given back (by its holder, its watchdog or `release`)
+    /// before its time ran out. `holder` is `None` for a tenure that began
+    /// and ended between two reads on a store that forgets the holder.
+    Released { holder: Option<String>, epoch: i64 },
+    /// The lease ran out, or was gone after the time it had left.
+    Expired { holder: Option<String>, epoch: i64 },
+}
+
+/// Held as far as a reader can tell: a holder, and time left (or a store
+/// that keeps a key only while it is held, and says no time).
+fn held(l: &LeaseInfo) -> bool {
+    l.holder.is_some() && l.expires_in_ms.is_none_or(|ms| ms > 0)
+}
+
+/// What changed from `prev` to `cur` (read at `now`). Renewals are not
+/// changes: a leader that renews is the same leader.
+fn change(prev: Option<&Seen>, cur: Option<&LeaseInfo>, now: Instant) -> Option<Change> {
+    let was = prev.filter(|p| held(&p.info));
+    match (was, cur) {
+        (Some(p), Some(c)) if held(c) => {
+            let same = c.holder == p.info.holder && c.epoch == p.info.epoch;
+            (!same).then_some(Change::Acquired {
+                previous_epoch: Some(p.info.epoch),
+            })
+        }
+        (None, Some(c)) if held(c) => Some(Change::Acquired {
+            previous_epoch: prev.map(|p| p.info.epoch),
+        }),
+        (Some(p), cur) => {
+            let holder = p.info.holder.clone();
+            let epoch = p.info.epoch;
+            // A SQL store keeps the holder of a lease that ran out and clears
+            // it on a release; a store that deletes the key (Redis, etcd)
+            // does both alike, so there the time the lease had left at the
+            // last read decides.
+            let ran_out = match cur {
+                Some(c) if c.holder.is_some() => true,
+                _ => p.info.expires_in_ms.is_some_and(|ms| {
+                    now.duration_since(p.at) >= Duration::from_millis(ms.unsigned_abs())
+                }),
+            };
+            Some(if ran_out {
+                Change::Expired { holder, epoch }
+            } else {
+                Change::Released { holder, epoch }
+            })
+        }
+        // Free at both reads, at a higher epoch: a whole tenure began and
+        // ended in between. Said, with what the store still knows of it.
+        (None, Some(c)) if prev.is_none_or(|p| c.epoch > p.info.epoch) && c.epoch > 0 => {
+            let holder = c.holder.clone();
+            Some(if holder.is_some() {
+                Change::Expired {
+                    holder,
+                    epoch: c.epoch,
+                }
+            } else {
+                Change::Released {
+                    holder,
+                    epoch: c.epoch,
+                }
+            })
+        }
+        (None, _) => None,
+    }
+}
+
+/// One line of `watch --json`. Scripts parse these names: fields are added,
+/// never renamed.
+#[derive(serde::Serialize)]
+struct Line<'a> {
+    time: String,
+    /// `state` (the first lines), `acquired`, `released` or `expired`.
+    event: &'static str,
+    name: &'a str,
+    /// The holder now (`state`, `acquired`), or the one whose tenure ended.
+    holder: Option<&'a str>,
+    /// `null` for a name the store has never seen.
+    epoch: Option<i64>,
+    /// For `acquired`: the epoch before, if the lease was known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_epoch: Option<i64>,
+    live: bool,
+    expires_in_ms: Option<i64>,
+}
+
+/// The lines for one read: `state` lines the first time, changes after.
+struct Printer {
+    json: bool,
+}
+
+impl Printer {
+    fn state(&self, name: &str, l: Option<&LeaseInfo>) -> String {
+        let time = now_text();
+        if self.json {
+            return self.json_line(Line {
+                time,
+                event: "state",
+                name,
+                holder: l.and_then(|l| l.holder.as_deref()),
+                epoch: l.map(|l| l.epoch),
+                previous_epoch: None,
+                live: l.is_some_and(held),
+                expires_in_ms: l.and_then(|l| l.expires_in_ms),
+            });
+        }
+        let name = crate::names::printable(name);
+        match l {
+            None => format!("{time} {name}: no such lease yet"),
+            Some(l) => match (&l.holder, held(l)) {
+                (Some(h), true) => format!(
+                    "{time} {name} held by {} at epoch {}",
+                    crate::names::printable(h),
+                    l.epoch
+                ),
+                _ => format!("{time} {name} free (last epoch {})", l.epoch),
+            },
+        }
+    }
+
+    fn change(&self, name: &str, cur: Option<&LeaseInfo>, c: &Change) -> String {
+        let time = now_text();
+        let (event, holder, epoch, previous_epoch) = match c {
+            Change::Acquired { previous_epoch } => (
+                "acquired",
+                cur.and_then(|l| l.holder.as_deref()),
+                cur.map_or(0, |l| l.epoch),
+                *previous_epoch,
+            ),
+            Change::Released { holder, epoch } => ("released", holder.as_deref(), *epoch, None),
+            Change::Expired { holder, epoch } => ("expired", holder.as_deref(), *epoch, None),
+        };
+        if self.json {
+            return self.json_line(Line {
+                time,
+                event,
+                name,
+                holder,
+                epoch: Some(epoch),
+                previous_epoch,
+                live: cur.is_some_and(held),
+                expires_in_ms: cur.and_then(|l| l.expires_in_ms),
+            });
+        }
+        let name = crate::names::printable(name);
+        let holder = holder.map_or("an unseen holder".into(), crate::names::printable);
+        match c {
+            Change::Acquired { .. } => {
+                format!("{time} {name} acquired by {holder} at epoch {epoch}")
+            }
+            Change::Released { .. } => {
+                format!("{time} {name} released by {holder} at epoch {epoch}")
+            }
+            Change::Expired { .. } => {
+                format!("{time} {name} expired: {holder} at epoch {epoch} did not renew")
+            }
+        }
+    }
+
+    fn json_line(&self, line: Line<'_>) -> String {
+        // Every field is a string, a number, a bool or null: this cannot
+        // fail, and a line is never dropped for it.
+        serde_json::to_string(&line).unwrap_or_default()
+    }
+}
+
+fn now_text() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+/// Print lines; `false` once nobody reads them (`watch | head -n 2`).
+fn print(lines: &[String]) -> bool {
+    if lines.is_empty() {
+        return true;
+    }
+    let mut o = std::io::stdout().lock();
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    o.write_all(text.as_bytes())
+        .and_then(|()| o.flush())
+        .is_ok()
+}
+
+/// Watch `name` (or every lease) until SIGINT or SIGTERM, or until stdout
+/// is closed; both end it with success. Store trouble that may heal is
+/// reported once and waited out, as a waiting contender does; trouble that
+/// will not heal ends it with that error.
+pub async fn run(
+    store: &mut Store,
+    name: Option<String>,
+    json: bool,
+    retry: Duration,
+) -> Result<Exit, Error> {
+    let start = |what| move |source| Error::Startup { what, source };
+    let mut int = signal(SignalKind::interrupt()).map_err(start("handle SIGINT"))?;
+    let mut term = signal(SignalKind::terminate()).map_err(start("handle SIGTERM"))?;
+    // Each call is bounded by the poll interval (and at least a second, so a
+    // short --retry does not turn a slow store into an unreachable one).
+    let call = retry.clamp(Duration::from_secs(1), Duration::from_secs(10));
+    let mut push: Option<Subscription> = name.as_deref().and_then(|n| store.wakeups(n));
+    let printer = Printer { json };
+    let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
+    let mut first = true;
+    let mut failing: Option<u32> = None;
+    loop {
+        // Subscribe before reading: a release after the read is then pushed
+        // to this subscription, never lost between the two.
+        let armed = match push.as_mut() {
+            Some(p) => arm(p, call).await,
+            None => false,
+        };
+        match read(store, name.as_deref(), call).await {
+            Ok(leases) => {
+                if let Some(n) = failing.take() {
+                    tracing::warn!(
+                        event = "store_recovered",
+                        "the store answers again after {n} failed read(s)"
+                    );
+                }
+                let lines = diff(&printer, &mut seen, name.as_deref(), leases, first);
+                first = false;
+                if !print(&lines) {
+                    return Ok(Exit::Yes);
+                }
+            }
+            Err(e) if e.may_heal() => {
+                let n = failing.get_or_insert(0);
+                if *n == 0 {
+                    tracing::warn!(
+                        event = "store_error",
+                        "cannot read the store ({e}); trying again every {}",
+                        crate::duration::show(retry)
+                    );
+                }
+                *n += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tokio::select! {
+            _ = int.recv() => return Ok(Exit::Yes),
+            _ = term.recv() => return Ok(Exit::Yes),
+            _ = tokio::time::sleep(retry) => {}
+            r = wake(&mut push), if armed => {
+                if let Err(e) = r {
+                    tracing::debug!(event = "push_broken", "push wake-ups broke ({e}); polling");
+                }
+            }
+        }
+    }
+}
+
+/// Subscribe, within `call`; `false` (poll only, this round) when it
+/// cannot.
+async fn arm(p: &mut Subscription, call: Duration) -> bool {
+    match tokio::time::timeout(call, p.arm()).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::debug!(event = "push_broken", "push wake-ups unavailable ({e})");
+            false
+        }
+        Err(_) => false,
+    }
+}
+
+/// The next push, for a subscription that was armed.
+async fn wake(p: &mut Option<Subscription>) -> Result<(), StoreError> {
+    match p {
+        Some(p) => p.wake().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One lease, or all of them.
+async fn read(
+    store: &mut Store,
+    name: Option<&str>,
+    call: Duration,
+) -> Result<Vec<LeaseInfo>, StoreError> {
+    match name {
+        Some(n) => Ok(store.inspect(n, call).await?.into_iter().collect()),
+        None => store.list(call).await,
+    }
+}
+
+/// The lines one read makes, and what it saw remembered for the next.
+fn diff(
+    p: &Printer,
+    seen: &mut BTreeMap<String, Seen>,
+    name: Option<&str>,
+    leases: Vec<LeaseInfo>,
+    first: bool,
+) -> Vec<String> {
+    let at = Instant::now();
+    let mut now: BTreeMap<String, LeaseInfo> =
+        leases.into_iter().map(|l| (l.name.clone(), l)).collect();
+    let mut lines = Vec::new();
+    if first {
+        if let (Some(n), true) = (name, now.is_empty()) {
+            lines.push(p.state(n, None));
+        }
+        for (n, l) in &now {
+            lines.push(p.state(n, Some(l)));
+        }
+    } else {
+        let names: std::collections::BTreeSet<String> =
+            seen.keys().chain(now.keys()).cloned().collect();
+        for n in names {
+            if let Some(c) = change(seen.get(&n), now.get(&n), at) {
+                lines.push(p.change(&n, now.get(&n), &c));
+            }
+        }
+    }
+    seen.clear();
+    for (n, info) in std::mem::take(&mut now) {
+        seen.insert(n, Seen { info, at });
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(holder: Option<&str>, epoch: i64, ms: Option<i64>) -> LeaseInfo {
+        LeaseInfo {
+            name: "n".into(),
+            holder: holder.map(str::to_string),
+            epoch,
+            expires_in_ms: ms,
+        }
+    }
+
+    fn seen(l: LeaseInfo, at: Instant) -> Seen {
+        Seen { info: l, at }
+    }
+
+    #[test]
+    fn a_renewal_is_not_a_change_and_a_new_epoch_is() {
+        let t = Instant::now();
+        let a1 = seen(info(Some("a"), 1, Some(3000)), t);
+        assert_eq!(
+            change(Some(&a1), Some(&info(Some("a"), 1, Some(2900))), t),
+            None
+        );
+        // The same holder at a new epoch took the lease again.
+        assert_eq!(
+            change(Some(&a1), Some(&info(Some("a"), 2, Some(3000))), t),
+            Some(Change::Acquired {
+                previous_epoch: Some(1)
+            })
+        );
+        // Another holder within one interval: the net effect.
+        assert_eq!(
+            change(Some(&a1), Some(&info(Some("b"), 2, Some(3000))), t),
+            Some(Change::Acquired {
+                previous_epoch: Some(1)
+            })
+        );
+    }
+
+    #[test]
+    fn a_first_holder_is_an_acquisition() {
+        let t = Instant::now();
+        assert_eq!(
+            change(None, Some(&info(Some("a"), 1, Some(3000))), t),
+            Some(Change::Acquired {
+                previous_epoch: None
+            })
+        );
+        let free = seen(info(None, 4, Some(-10)), t);
+        assert_eq!(
+            change(Some(&free), Some(&info(Some("a"), 5, None)), t),
+            Some(Change::Acquired {
+                previous_epoch: Some(4)
+            })
+        );
+        // Free, then still free at that epoch, or gone: nothing to say.
+        assert_eq!(
+            change(Some(&free), Some(&info(None, 4, Some(-900))), t),
+            None
+        );
+        assert_eq!(change(Some(&free), None, t), None);
+        assert_eq!(change(None, None, t), None);
+        assert_eq!(change(None, Some(&info(None, 0, None)), t), None);
+        // Free at a higher epoch: a tenure came and went between the reads.
+        assert_eq!(
+            change(Some(&free), Some(&info(None, 5, Some(-20))), t),
+            Some(Change::Released {
+                holder: None,
+                epoch: 5
+            })
+        );
+        assert_eq!(
+            change(Some(&free), Some(&info(Some("b"), 5, Some(-20))), t),
+            Some(Change::Expired {
+                holder: Some("b".into()),
+                epoch: 5
+            })
+        );
+    }
+
+    #[test]
+    fn an_end_before_the_time_left_is_a_release_and_after_it_an_expiry() {
+        let t = Instant::now();
+        let a = seen(info(Some("a"), 3, Some(2000)), t);
+        let released = Some(Change::Released {
+            holder: Some("a".into()),
+            epoch: 3,
+        });
+        let expired = Some(Change::Expired {
+            holder: Some("a".into()),
+            epoch: 3,
+        });
+        // A SQL store clears the holder on release and keeps it on expiry.
+        assert_eq!(
+            change(Some(&a), Some(&info(None, 3, Some(-5))), t),
+            released
+        );
+        assert_eq!(
+            change(Some(&a), Some(&info(Some("a"), 3, Some(-5))), t),
+            expired
+        );
+        // A store that deletes the key: the time left decides.
+        let soon = t + Duration::from_millis(1999);
+        let late = t + Duration::from_millis(2000);
+        assert_eq!(change(Some(&a), None, soon), released);
+        assert_eq!(change(Some(&a), None, late), expired);
+        assert_eq!(change(Some(&a), Some(&info(None, 3, None)), soon), released);
+        // A lease with no time known ends by a release.
+        let k = seen(info(Some("a"), 3, None), t);
+        assert_eq!(change(Some(&k), None, late), released);
+    }
+
+    #[test]
+    fn json_lines_keep_their_field_names() {
+        let p = Printer { json: true };
+        let l = info(Some("h\"1"), 7, Some(1500));
+        let line = p.change(
+            "n",
+            Some(&l),
+            &Change::Acquired {
+                previous_epoch: Some(6),
+            },
+        );
+        // The order scripts see (serde_json's Value would sort the keys).
+        let at = |k: &str| line.find(&format!("\"{k}\":")).unwrap();
+        let order = [
+            "time",
+            "event",
+            "name",
+            "holder",
+            "epoch",
+            "previous_epoch",
+            "live",
+            "expires_in_ms",
+        ];
+        assert!(order.windows(2).all(|w| at(w[0]) < at(w[1])), "{line}");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["event"], "acquired");
+        assert_eq!(v["holder"], "h\"1");
+        assert_eq!(v["epoch"], 7);
+        let gone = p.state("n", None);
+        let v: serde_json::Value = serde_json::from_str(&gone).unwrap();
+        assert_eq!(v["event"], "state");
+        assert!(v["epoch"].is_null() && v["holder"].is_null());
+        assert_eq!(v["live"], false);
+    }
+
+    #[test]
+    fn the_first_read_prints_state_and_later_ones_only_changes() {
+        let p = Printer { json: false };
+        let mut seen = BTreeMap::new();
+        let held = vec![info(Some("a"), 1, Some(3000))];
+        let first = diff(&p, &mut seen, Some("n"), held.clone(), true);
+        assert_eq!(first.len(), 1);
+        assert!(first[0].ends_with("n held by a at epoch 1"), "{first:?}");
+        assert!(diff(&p, &mut seen, Some("n"), held, false).is_empty());
+        let gone = diff(
+            &p,
+            &mut seen,
+            Some("n"),
+            vec![info(None, 1, Some(-1))],
+            false,
+        );
+        assert!(gone[0].ends_with("n released by a at epoch 1"), "{gone:?}");
+        // A name the store has never seen is said so, once.
+        let mut fresh = BTreeMap::new();
+        let none = diff(&p, &mut fresh, Some("x"), Vec::new(), true);
+        assert!(none[0].ends_with("x: no such lease yet"), "{none:?}");
+    }
+}
