@@ -26,6 +26,13 @@ pub async fn run(cmd: Admin, common: Common) -> Result<Exit, Error> {
     {
         logging::set_context(name, "");
     }
+    // Inside a command, `check` asks the leaderrun that runs it, which
+    // knows its own store (published.rs).
+    if let Admin::Check { name, epoch } = &cmd {
+        if let Some(exit) = check_with_holder(name, *epoch, &common)? {
+            return Ok(exit);
+        }
+    }
     // Flags first: a bad one is refused before any store is touched.
     let interval = match &cmd {
         Admin::Watch { retry, .. } => watch_interval(retry.clone())?,
@@ -62,7 +69,7 @@ pub async fn run(cmd: Admin, common: Common) -> Result<Exit, Error> {
             }
             // The embedded default before its first use: nothing has run
             // here, so there are no leases, which is an answer, not an error.
-            return answer(cmd, Vec::new());
+            return answer(cmd, Vec::new(), &store.describe());
         }
     }
     tracing::info!(event = "store", "store {}", store.describe());
@@ -134,7 +141,7 @@ fn file_store(choice: Option<(&str, crate::store::Origin)>) -> Option<std::path:
 
 /// What the subcommand says about a store that holds these leases (used
 /// for an embedded store that does not exist yet: none).
-fn answer(cmd: Admin, leases: Vec<LeaseInfo>) -> Result<Exit, Error> {
+fn answer(cmd: Admin, leases: Vec<LeaseInfo>, shown: &str) -> Result<Exit, Error> {
     match cmd {
         Admin::Status { name, json } => status(leases, name, json, None),
         Admin::Release { name, epoch } => {
@@ -142,7 +149,11 @@ fn answer(cmd: Admin, leases: Vec<LeaseInfo>) -> Result<Exit, Error> {
             Ok(Exit::No)
         }
         Admin::Check { name, epoch } => {
-            tracing::warn!(event = "check_failed", epoch, "no lease named {name}");
+            tracing::warn!(
+                event = "check_failed",
+                epoch,
+                "no lease named {name} in {shown} (no run has made it yet)"
+            );
             Ok(Exit::No)
         }
         Admin::Init { .. } => Ok(Exit::Yes),
@@ -322,22 +333,75 @@ fn not_released(name: &str, epoch: Option<i64>) {
     logging::say(Level::WARN, "not_released", &msg);
 }
 
+/// `check` answered by the leaderrun whose command asks (published.rs):
+/// `None` when it is not the one to ask. It is, when leaderrun published
+/// its lease for this process (`LEASE_STATE`), the lease asked about is
+/// that one, and no `--store` on the command line names a store to read.
+fn check_with_holder(name: &str, epoch: i64, common: &Common) -> Result<Option<Exit>, Error> {
+    use crate::published::{answer, read, Answer, ReadError, VAR};
+    let Some(path) = std::env::var(VAR).ok().filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    if common.store.is_some() && common.store_origin == crate::store::Origin::Flag {
+        return Ok(None);
+    }
+    let own = std::env::var("LEASE_NAME").is_ok_and(|n| n == name);
+    let record = match read(&path) {
+        Ok(r) if r.name == name => r,
+        // Another lease than the one this command runs under: a store's.
+        Ok(_) => return Ok(None),
+        Err(_) if !own => return Ok(None),
+        Err(ReadError::Gone(_)) => {
+            tracing::warn!(
+                event = "check_failed",
+                epoch,
+                "lease {name} is not live at epoch {epoch}: the leaderrun that held it has exited"
+            );
+            return Ok(Some(Exit::No));
+        }
+        Err(source) => {
+            return Err(Error::LeaseState {
+                name: name.to_string(),
+                source,
+            })
+        }
+    };
+    match answer(&record, epoch, crate::clock::boottime_now()) {
+        Answer::Live => Ok(Some(Exit::Yes)),
+        Answer::NotLive(why) => {
+            tracing::warn!(
+                event = "check_failed",
+                epoch,
+                "lease {name} in {} {why} (as its holder, leaderrun pid {}, says)",
+                record.store,
+                record.pid
+            );
+            Ok(Some(Exit::No))
+        }
+    }
+}
+
 async fn check(store: &mut Store, name: &str, epoch: i64) -> Result<Exit, Error> {
     let info = store.inspect(name, CALL).await?;
+    let shown = store.describe();
     match info {
         Some(l) if l.is_live() && l.epoch == epoch => Ok(Exit::Yes),
         Some(l) => {
             tracing::warn!(
                 event = "check_failed",
                 epoch,
-                "lease {name} is not live at epoch {epoch}: {} at epoch {}",
+                "lease {name} in {shown} is not live at epoch {epoch}: {} at epoch {}",
                 state(&l),
                 l.epoch
             );
             Ok(Exit::No)
         }
         None => {
-            tracing::warn!(event = "check_failed", epoch, "no lease named {name}");
+            tracing::warn!(
+                event = "check_failed",
+                epoch,
+                "no lease named {name} in {shown}"
+            );
             Ok(Exit::No)
         }
     }

@@ -48,6 +48,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// `check` inside a command could not read what its leaderrun
+    /// publishes (published.rs), so it cannot tell.
+    #[error("cannot check lease {name}: {source}; `--store` reads a store instead")]
+    LeaseState {
+        name: String,
+        #[source]
+        source: crate::published::ReadError,
+    },
     /// An answer that could not be put into words (`status --json`).
     #[error("cannot write JSON: {0}")]
     Output(#[source] serde_json::Error),
@@ -65,6 +73,7 @@ impl Error {
             | Error::Watchdog(_)
             | Error::Unguarded
             | Error::Startup { .. }
+            | Error::LeaseState { .. }
             | Error::Output(_) => Exit::Failure,
         }
     }
@@ -79,6 +88,7 @@ impl Error {
             Error::Watchdog(_) | Error::Unguarded => "watchdog_failed",
             Error::Startup { .. } => "startup_failed",
             Error::Output(_) => "output_failed",
+            Error::LeaseState { .. } => "check_failed",
         }
     }
 
@@ -92,7 +102,11 @@ impl Error {
             | Error::NoStoreFile { .. }
             | Error::Startup { .. }
             | Error::Output(_) => true,
-            Error::Store(_) | Error::Spawn(_) | Error::Watchdog(_) | Error::Unguarded => false,
+            Error::Store(_)
+            | Error::Spawn(_)
+            | Error::Watchdog(_)
+            | Error::Unguarded
+            | Error::LeaseState { .. } => false,
         }
     }
 

@@ -16,6 +16,7 @@ pub mod fork;
 pub mod generate;
 pub mod logging;
 pub mod names;
+pub mod published;
 pub mod redact;
 pub mod report;
 pub mod run;

@@ -10,6 +10,7 @@ mod support;
 
 mod admin;
 mod chaos;
+mod check_in_command;
 mod conformance;
 mod embedded;
 mod failover_etcd;

@@ -104,6 +104,13 @@ pub const MAN_SECTIONS: &[(&str, &[Block])] = &[
                  id. `leaderrun check` reads LEASE_NAME and LEASE_EPOCH and is a usage error \
                  without them or --name and --epoch",
             ),
+            Block::Item(
+                "`LEASE_STATE`",
+                "set for the command: where the run publishes its lease (/proc/PID/fd/N, no \
+                 secret in it), so that `leaderrun check` inside the command asks the run, \
+                 whatever store it was given, and says yes only before its give-up deadline; \
+                 with --store, check reads that store instead",
+            ),
         ],
     ),
     (

@@ -23,6 +23,7 @@ use crate::duration::DurationArg;
 use crate::elector::{describe_held, Elector, Lease, Lost, Observer, Waited};
 use crate::error::Error;
 use crate::exit::Exit;
+use crate::published::{Publisher, Standing};
 use crate::report::{self, Reporter};
 use crate::stop::StopPlan;
 use crate::store::{LeaseInfo, Lock};
@@ -42,11 +43,13 @@ enum End {
     Unguarded,
 }
 
-/// Renewals reach the status reporter and, once there is one, the
-/// watchdog (as the new give-up deadline).
+/// Renewals reach the status reporter and, once there are, the watchdog
+/// (as the new give-up deadline) and the record the command's `check`
+/// reads (published.rs).
 struct Observers {
     report: report::Shared,
     watchdog: Rc<RefCell<Option<Watchdog>>>,
+    published: Rc<RefCell<Option<Publisher>>>,
 }
 
 impl Observer for Observers {
@@ -59,6 +62,9 @@ impl Observer for Observers {
     fn renewed(&mut self, lease: &Lease) {
         if let Some(w) = self.watchdog.borrow_mut().as_mut() {
             w.renewed(lease.sent);
+        }
+        if let Some(p) = self.published.borrow_mut().as_mut() {
+            p.renewed(lease.sent);
         }
         self.report.renewed(lease)
     }
@@ -144,16 +150,20 @@ struct Run {
     watchdog: Rc<RefCell<Option<Watchdog>>>,
     /// A watchdog told `done`, reaped as the run ends.
     leaving: RefCell<Option<Watchdog>>,
+    /// The lease as the command's `leaderrun check` reads it.
+    published: Rc<RefCell<Option<Publisher>>>,
+    /// The store as `status` names it (no password), for that record.
+    store_shown: String,
 }
 
 impl Run {
     fn new(cfg: RunConfig) -> Run {
         let RunConfig { store, job } = cfg;
         let clock = BootClock;
+        let store_shown = store.describe();
         tracing::info!(
             event = "store",
-            "store {}; holder {}",
-            store.describe(),
+            "store {store_shown}; holder {}",
             job.holder
         );
         let lock = store.lock(job.name.clone(), job.holder.clone());
@@ -166,9 +176,11 @@ impl Run {
         }
         let report = Reporter::new(&job.name, job.metrics_file.clone()).shared();
         let watchdog: Rc<RefCell<Option<Watchdog>>> = Rc::default();
+        let published: Rc<RefCell<Option<Publisher>>> = Rc::default();
         elector.observe(Box::new(Observers {
             report: report::Shared(report.clone()),
             watchdog: watchdog.clone(),
+            published: published.clone(),
         }));
         report.borrow_mut().starting();
         Run {
@@ -178,6 +190,8 @@ impl Run {
             report,
             watchdog,
             leaving: RefCell::default(),
+            published,
+            store_shown,
         }
     }
 
@@ -241,11 +255,25 @@ impl Run {
         hup_ignored: bool,
     ) -> Result<Option<supervisor::Child>, Error> {
         let name = &self.job.name;
-        let env = [
+        let mut env = vec![
             ("LEASE_EPOCH", lease.epoch.to_string()),
             ("LEASE_NAME", name.clone()),
             ("LEASE_HOLDER", self.job.holder.clone()),
         ];
+        // What `leaderrun check` inside the command asks: this run, not a
+        // store the command's environment may or may not name.
+        let published = Publisher::new(
+            name,
+            &self.job.holder,
+            self.store_shown.clone(),
+            lease.epoch,
+            lease.sent,
+            self.job.timing,
+        );
+        if let Some(p) = &published {
+            env.push((crate::published::VAR, p.path()));
+        }
+        *self.published.borrow_mut() = published;
         // A freeze between the acquisition and this line must not start the
         // command on a lease that may already have passed on.
         let plan = StopPlan::new(lease.sent, self.job.timing);
@@ -359,6 +387,14 @@ impl Run {
                 }
             }
         };
+        // From here on the command's `check` says no: the lease is lost or
+        // about to be given back, whatever time it has left.
+        if let Some(p) = self.published.borrow_mut().as_mut() {
+            p.ended(match end {
+                End::Lost(_) | End::Unguarded => Standing::Lost,
+                End::Exited(_) | End::Stepped => Standing::Ending,
+            });
+        }
         // A command that ended while leaderrun was not running ended on a
         // lease that may have passed on: a loss, exit 75, as for any
         // leaderrun that wakes past its give-up deadline (§6). Ctrl-Z is
