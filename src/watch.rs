@@ -9,9 +9,11 @@
 //! store that pushes, the watcher subscribes to "this lease was freed"
 //! before every read (store/wake.rs), so a release is printed as soon as
 //! the push arrives; otherwise, and for acquisitions, it reads every
-//! `--retry`. A change that comes and goes between two reads (a lease taken
-//! and given back within one interval) is seen as its net effect: the epoch
-//! a line names is always the one the store had at that read.
+//! `--retry`. No tenure is left out: every tenure seen held gets a line for
+//! its end, and epochs that began and ended between two reads (the epoch
+//! rises by one per acquisition) get an `unseen` line, or the end line the
+//! store still has the facts for (the last one's holder, where the store
+//! keeps it).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -42,6 +44,57 @@ enum Change {
     Released { holder: Option<String>, epoch: i64 },
     /// The lease ran out, or was gone after the time it had left.
     Expired { holder: Option<String>, epoch: i64 },
+    /// Epochs `first..=last` were taken and ended between two reads, their
+    /// holders never seen.
+    Unseen { first: i64, last: i64 },
+}
+
+/// Epochs rise by one per acquisition, except where a store starts a new
+/// range (a Postgres promotion: `(timeline - 1) * 2^32 + 1`). The epochs
+/// between `from` (seen) and `to` (seen) that were handed out and never
+/// seen, as far as the store's numbering tells: a jump to a new range is
+/// not two billion tenures.
+fn unseen_between(from: i64, to: i64) -> Option<Change> {
+    const RANGE: i64 = 1 << 32;
+    let range_start = (to - 1).div_euclid(RANGE) * RANGE + 1;
+    let first = from.saturating_add(1).max(range_start);
+    let last = to - 1;
+    (first <= last).then_some(Change::Unseen { first, last })
+}
+
+/// How a tenure seen held at `p` ended, judged by the time it had left at
+/// that read (a store that deletes the key keeps no other trace): gone
+/// before its time, a release; after, an expiry.
+fn ended(p: &Seen, now: Instant) -> Change {
+    let holder = p.info.holder.clone();
+    let epoch = p.info.epoch;
+    let ran_out = p
+        .info
+        .expires_in_ms
+        .is_some_and(|ms| now.duration_since(p.at) >= Duration::from_millis(ms.unsigned_abs()));
+    if ran_out {
+        Change::Expired { holder, epoch }
+    } else {
+        Change::Released { holder, epoch }
+    }
+}
+
+/// A tenure at `c.epoch` that began and ended between two reads, with what
+/// the store still knows of it: a SQL store keeps the holder of a lease
+/// that ran out and clears it on a release.
+fn ended_unseen(c: &LeaseInfo) -> Change {
+    let holder = c.holder.clone();
+    if holder.is_some() {
+        Change::Expired {
+            holder,
+            epoch: c.epoch,
+        }
+    } else {
+        Change::Released {
+            holder,
+            epoch: c.epoch,
+        }
+    }
 }
 
 /// Held as far as a reader can tell: a holder, and time left (or a store
@@ -50,57 +103,62 @@ fn held(l: &LeaseInfo) -> bool {
     l.holder.is_some() && l.expires_in_ms.is_none_or(|ms| ms > 0)
 }
 
-/// What changed from `prev` to `cur` (read at `now`). Renewals are not
-/// changes: a leader that renews is the same leader.
-fn change(prev: Option<&Seen>, cur: Option<&LeaseInfo>, now: Instant) -> Option<Change> {
+/// What changed from `prev` to `cur` (read at `now`), oldest first.
+/// Renewals are not changes: a leader that renews is the same leader.
+fn change(prev: Option<&Seen>, cur: Option<&LeaseInfo>, now: Instant) -> Vec<Change> {
     let was = prev.filter(|p| held(&p.info));
+    let mut out = Vec::new();
     match (was, cur) {
         (Some(p), Some(c)) if held(c) => {
-            let same = c.holder == p.info.holder && c.epoch == p.info.epoch;
-            (!same).then_some(Change::Acquired {
+            if c.holder == p.info.holder && c.epoch == p.info.epoch {
+                return out;
+            }
+            // Another tenure now: the one seen ended, and any between.
+            out.push(ended(p, now));
+            out.extend(unseen_between(p.info.epoch, c.epoch));
+            out.push(Change::Acquired {
                 previous_epoch: Some(p.info.epoch),
-            })
+            });
         }
-        (None, Some(c)) if held(c) => Some(Change::Acquired {
-            previous_epoch: prev.map(|p| p.info.epoch),
-        }),
+        (None, Some(c)) if held(c) => {
+            if let Some(p) = prev {
+                out.extend(unseen_between(p.info.epoch, c.epoch));
+            }
+            out.push(Change::Acquired {
+                previous_epoch: prev.map(|p| p.info.epoch),
+            });
+        }
+        (Some(p), Some(c)) if c.epoch > p.info.epoch => {
+            // Free now at a later epoch: the tenure seen ended, and every
+            // one after it began and ended before this read.
+            out.push(ended(p, now));
+            out.extend(unseen_between(p.info.epoch, c.epoch));
+            out.push(ended_unseen(c));
+        }
         (Some(p), cur) => {
-            let holder = p.info.holder.clone();
-            let epoch = p.info.epoch;
-            // A SQL store keeps the holder of a lease that ran out and clears
-            // it on a release; a store that deletes the key (Redis, etcd)
-            // does both alike, so there the time the lease had left at the
-            // last read decides.
-            let ran_out = match cur {
-                Some(c) if c.holder.is_some() => true,
-                _ => p.info.expires_in_ms.is_some_and(|ms| {
-                    now.duration_since(p.at) >= Duration::from_millis(ms.unsigned_abs())
-                }),
-            };
-            Some(if ran_out {
-                Change::Expired { holder, epoch }
-            } else {
-                Change::Released { holder, epoch }
-            })
+            // The tenure seen ended, and none began since. A SQL store
+            // keeps the holder of a lease that ran out and clears it on a
+            // release; a store that deletes the key (Redis, etcd) does
+            // both alike, so there the time it had left decides.
+            out.push(match cur {
+                Some(c) if c.holder.is_some() => Change::Expired {
+                    holder: p.info.holder.clone(),
+                    epoch: p.info.epoch,
+                },
+                _ => ended(p, now),
+            });
         }
-        // Free at both reads, at a higher epoch: a whole tenure began and
-        // ended in between. Said, with what the store still knows of it.
+        // Free at both reads, at a higher epoch: tenures began and ended in
+        // between. Said, with what the store still knows of the last.
         (None, Some(c)) if prev.is_none_or(|p| c.epoch > p.info.epoch) && c.epoch > 0 => {
-            let holder = c.holder.clone();
-            Some(if holder.is_some() {
-                Change::Expired {
-                    holder,
-                    epoch: c.epoch,
-                }
-            } else {
-                Change::Released {
-                    holder,
-                    epoch: c.epoch,
-                }
-            })
+            if let Some(p) = prev {
+                out.extend(unseen_between(p.info.epoch, c.epoch));
+            }
+            out.push(ended_unseen(c));
         }
-        (None, _) => None,
+        (None, _) => {}
     }
+    out
 }
 
 /// One line of `watch --json`. Scripts parse these names: fields are added,
@@ -108,7 +166,8 @@ fn change(prev: Option<&Seen>, cur: Option<&LeaseInfo>, now: Instant) -> Option<
 #[derive(serde::Serialize)]
 struct Line<'a> {
     time: String,
-    /// `state` (the first lines), `acquired`, `released` or `expired`.
+    /// `state` (the first lines), `acquired`, `released`, `expired` or
+    /// `unseen`.
     event: &'static str,
     name: &'a str,
     /// The holder now (`state`, `acquired`), or the one whose tenure ended.
@@ -118,6 +177,10 @@ struct Line<'a> {
     /// For `acquired`: the epoch before, if the lease was known.
     #[serde(skip_serializing_if = "Option::is_none")]
     previous_epoch: Option<i64>,
+    /// For `unseen`: the first of the epochs never seen (`epoch` is the
+    /// last).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_epoch: Option<i64>,
     live: bool,
     expires_in_ms: Option<i64>,
 }
@@ -138,6 +201,7 @@ impl Printer {
                 holder: l.and_then(|l| l.holder.as_deref()),
                 epoch: l.map(|l| l.epoch),
                 previous_epoch: None,
+                first_epoch: None,
                 live: l.is_some_and(held),
                 expires_in_ms: l.and_then(|l| l.expires_in_ms),
             });
@@ -156,17 +220,23 @@ impl Printer {
         }
     }
 
+    /// A change's line; `cur` is what the read found, `None` for a change
+    /// that is not the read's last (an earlier tenure's end).
     fn change(&self, name: &str, cur: Option<&LeaseInfo>, c: &Change) -> String {
         let time = now_text();
-        let (event, holder, epoch, previous_epoch) = match c {
+        let (event, holder, epoch, previous_epoch, first_epoch) = match c {
             Change::Acquired { previous_epoch } => (
                 "acquired",
                 cur.and_then(|l| l.holder.as_deref()),
                 cur.map_or(0, |l| l.epoch),
                 *previous_epoch,
+                None,
             ),
-            Change::Released { holder, epoch } => ("released", holder.as_deref(), *epoch, None),
-            Change::Expired { holder, epoch } => ("expired", holder.as_deref(), *epoch, None),
+            Change::Released { holder, epoch } => {
+                ("released", holder.as_deref(), *epoch, None, None)
+            }
+            Change::Expired { holder, epoch } => ("expired", holder.as_deref(), *epoch, None, None),
+            Change::Unseen { first, last } => ("unseen", None, *last, None, Some(*first)),
         };
         if self.json {
             return self.json_line(Line {
@@ -176,6 +246,7 @@ impl Printer {
                 holder,
                 epoch: Some(epoch),
                 previous_epoch,
+                first_epoch,
                 live: cur.is_some_and(held),
                 expires_in_ms: cur.and_then(|l| l.expires_in_ms),
             });
@@ -191,6 +262,12 @@ impl Printer {
             }
             Change::Expired { .. } => {
                 format!("{time} {name} expired: {holder} at epoch {epoch} did not renew")
+            }
+            Change::Unseen { first, last } if first == last => {
+                format!("{time} {name} at epoch {last}: taken and ended between two reads")
+            }
+            Change::Unseen { first, last } => {
+                format!("{time} {name} at epochs {first} to {last}: each taken and ended between two reads")
             }
         }
     }
@@ -342,8 +419,11 @@ fn diff(
         let names: std::collections::BTreeSet<String> =
             seen.keys().chain(now.keys()).cloned().collect();
         for n in names {
-            if let Some(c) = change(seen.get(&n), now.get(&n), at) {
-                lines.push(p.change(&n, now.get(&n), &c));
+            let changes = change(seen.get(&n), now.get(&n), at);
+            let last = changes.len().saturating_sub(1);
+            for (i, c) in changes.iter().enumerate() {
+                let cur = if i == last { now.get(&n) } else { None };
+                lines.push(p.change(&n, cur, c));
             }
         }
     }
@@ -377,21 +457,43 @@ mod tests {
         let a1 = seen(info(Some("a"), 1, Some(3000)), t);
         assert_eq!(
             change(Some(&a1), Some(&info(Some("a"), 1, Some(2900))), t),
-            None
+            vec![]
         );
-        // The same holder at a new epoch took the lease again.
+        // The same holder at a new epoch took the lease again: the first
+        // tenure ended (before its time: a release).
+        let released_1 = Change::Released {
+            holder: Some("a".into()),
+            epoch: 1,
+        };
+        let acquired = Change::Acquired {
+            previous_epoch: Some(1),
+        };
         assert_eq!(
             change(Some(&a1), Some(&info(Some("a"), 2, Some(3000))), t),
-            Some(Change::Acquired {
-                previous_epoch: Some(1)
-            })
+            vec![released_1.clone(), acquired.clone()]
         );
-        // Another holder within one interval: the net effect.
+        // Another holder, after the first one's time ran out.
+        let late = t + Duration::from_millis(3000);
         assert_eq!(
-            change(Some(&a1), Some(&info(Some("b"), 2, Some(3000))), t),
-            Some(Change::Acquired {
-                previous_epoch: Some(1)
-            })
+            change(Some(&a1), Some(&info(Some("b"), 2, Some(3000))), late),
+            vec![
+                Change::Expired {
+                    holder: Some("a".into()),
+                    epoch: 1
+                },
+                acquired
+            ]
+        );
+        // Two more tenures in between: each one said.
+        assert_eq!(
+            change(Some(&a1), Some(&info(Some("b"), 4, Some(3000))), t),
+            vec![
+                released_1,
+                Change::Unseen { first: 2, last: 3 },
+                Change::Acquired {
+                    previous_epoch: Some(1)
+                }
+            ]
         );
     }
 
@@ -400,39 +502,51 @@ mod tests {
         let t = Instant::now();
         assert_eq!(
             change(None, Some(&info(Some("a"), 1, Some(3000))), t),
-            Some(Change::Acquired {
+            vec![Change::Acquired {
                 previous_epoch: None
-            })
+            }]
         );
         let free = seen(info(None, 4, Some(-10)), t);
         assert_eq!(
             change(Some(&free), Some(&info(Some("a"), 5, None)), t),
-            Some(Change::Acquired {
+            vec![Change::Acquired {
                 previous_epoch: Some(4)
-            })
+            }]
+        );
+        assert_eq!(
+            change(Some(&free), Some(&info(Some("a"), 7, None)), t),
+            vec![
+                Change::Unseen { first: 5, last: 6 },
+                Change::Acquired {
+                    previous_epoch: Some(4)
+                }
+            ]
         );
         // Free, then still free at that epoch, or gone: nothing to say.
         assert_eq!(
             change(Some(&free), Some(&info(None, 4, Some(-900))), t),
-            None
+            vec![]
         );
-        assert_eq!(change(Some(&free), None, t), None);
-        assert_eq!(change(None, None, t), None);
-        assert_eq!(change(None, Some(&info(None, 0, None)), t), None);
-        // Free at a higher epoch: a tenure came and went between the reads.
+        assert_eq!(change(Some(&free), None, t), vec![]);
+        assert_eq!(change(None, None, t), vec![]);
+        assert_eq!(change(None, Some(&info(None, 0, None)), t), vec![]);
+        // Free at a higher epoch: tenures came and went between the reads.
         assert_eq!(
             change(Some(&free), Some(&info(None, 5, Some(-20))), t),
-            Some(Change::Released {
+            vec![Change::Released {
                 holder: None,
                 epoch: 5
-            })
+            }]
         );
         assert_eq!(
-            change(Some(&free), Some(&info(Some("b"), 5, Some(-20))), t),
-            Some(Change::Expired {
-                holder: Some("b".into()),
-                epoch: 5
-            })
+            change(Some(&free), Some(&info(Some("b"), 6, Some(-20))), t),
+            vec![
+                Change::Unseen { first: 5, last: 5 },
+                Change::Expired {
+                    holder: Some("b".into()),
+                    epoch: 6
+                }
+            ]
         );
     }
 
@@ -440,14 +554,14 @@ mod tests {
     fn an_end_before_the_time_left_is_a_release_and_after_it_an_expiry() {
         let t = Instant::now();
         let a = seen(info(Some("a"), 3, Some(2000)), t);
-        let released = Some(Change::Released {
+        let released = vec![Change::Released {
             holder: Some("a".into()),
             epoch: 3,
-        });
-        let expired = Some(Change::Expired {
+        }];
+        let expired = vec![Change::Expired {
             holder: Some("a".into()),
             epoch: 3,
-        });
+        }];
         // A SQL store clears the holder on release and keeps it on expiry.
         assert_eq!(
             change(Some(&a), Some(&info(None, 3, Some(-5))), t),
@@ -466,6 +580,65 @@ mod tests {
         // A lease with no time known ends by a release.
         let k = seen(info(Some("a"), 3, None), t);
         assert_eq!(change(Some(&k), None, late), released);
+    }
+
+    /// Held at 2, then free at 4: the end of 2, epoch 3 unseen, and the
+    /// end of 4 with what the store kept of it. Missing any of them was a
+    /// whole tenure left out.
+    #[test]
+    fn tenures_that_began_and_ended_between_two_reads_are_each_said() {
+        let t = Instant::now();
+        let a = seen(info(Some("a"), 2, Some(2000)), t);
+        assert_eq!(
+            change(Some(&a), Some(&info(None, 4, Some(-5))), t),
+            vec![
+                Change::Released {
+                    holder: Some("a".into()),
+                    epoch: 2
+                },
+                Change::Unseen { first: 3, last: 3 },
+                Change::Released {
+                    holder: None,
+                    epoch: 4
+                },
+            ]
+        );
+        // A store that deletes the key says nothing of epoch 4 but that it
+        // was handed out: the next acquisition names it.
+        assert_eq!(
+            change(Some(&a), Some(&info(Some("c"), 5, Some(900))), t),
+            vec![
+                Change::Released {
+                    holder: Some("a".into()),
+                    epoch: 2
+                },
+                Change::Unseen { first: 3, last: 4 },
+                Change::Acquired {
+                    previous_epoch: Some(2)
+                },
+            ]
+        );
+    }
+
+    /// A Postgres promotion starts epochs at `(timeline - 1) * 2^32 + 1`:
+    /// only the new range's skipped epochs are unseen tenures.
+    #[test]
+    fn a_jump_to_a_new_epoch_range_is_not_billions_of_tenures() {
+        let base = 1_i64 << 32;
+        assert_eq!(unseen_between(5, base + 1), None);
+        assert_eq!(
+            unseen_between(5, base + 3),
+            Some(Change::Unseen {
+                first: base + 1,
+                last: base + 2
+            })
+        );
+        assert_eq!(
+            unseen_between(5, 8),
+            Some(Change::Unseen { first: 6, last: 7 })
+        );
+        assert_eq!(unseen_between(5, 6), None);
+        assert_eq!(unseen_between(7, 6), None);
     }
 
     #[test]
@@ -520,6 +693,29 @@ mod tests {
             false,
         );
         assert!(gone[0].ends_with("n released by a at epoch 1"), "{gone:?}");
+        // Three tenures between two reads: three lines, oldest first.
+        let mut seen = BTreeMap::new();
+        diff(
+            &p,
+            &mut seen,
+            None,
+            vec![info(Some("a"), 2, Some(3000))],
+            true,
+        );
+        let lines = diff(&p, &mut seen, None, vec![info(None, 4, Some(-1))], false);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(
+            lines[0].ends_with("n released by a at epoch 2"),
+            "{lines:?}"
+        );
+        assert!(
+            lines[1].ends_with("n at epoch 3: taken and ended between two reads"),
+            "{lines:?}"
+        );
+        assert!(
+            lines[2].ends_with("n released by an unseen holder at epoch 4"),
+            "{lines:?}"
+        );
         // A name the store has never seen is said so, once.
         let mut fresh = BTreeMap::new();
         let none = diff(&p, &mut fresh, Some("x"), Vec::new(), true);

@@ -251,3 +251,67 @@ fn too_short_an_interval_is_refused() {
         out.stderr
     );
 }
+
+/// Without `--name`, reads `--retry` apart: with epoch 2 seen held, epochs
+/// 3 and 4 each begin and end between two reads. Every tenure gets a line:
+/// the end of 2, epoch 3 unseen, the release of 4 (the watcher once printed
+/// only the end of 2).
+fn no_tenure_is_left_out(srv: Server) {
+    let dir = TempDir::new("watch-tenures");
+    let once = |tag: &str| {
+        let out = run(lr(&srv.url, "t", &["--holder", tag], "true"));
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+    };
+    // Epoch 1, and the store's table or file, before the watcher starts.
+    once("first");
+    let w = Watcher::start(&srv.url, &["--retry", "5s"], &dir.file("w.log"));
+    let state = w.next(10 * SEC);
+    assert_eq!(
+        (&state["event"], &state["epoch"]),
+        (&"state".into(), &1.into())
+    );
+    let mut a = holder(&srv, &dir, "t");
+    let got = w.next(15 * SEC);
+    assert_eq!(
+        (&got["event"], &got["epoch"]),
+        (&"acquired".into(), &2.into()),
+        "{got}"
+    );
+    // Within the next 5 s, before the watcher reads again: the holder
+    // gives the lease back, and two runs take and release it.
+    let t0 = Instant::now();
+    std::fs::write(dir.file("a.stop"), "").unwrap();
+    assert_eq!(wait_exit(&mut a, 10 * SEC).code(), Some(0));
+    once("third");
+    once("fourth");
+    assert!(
+        t0.elapsed() < 4 * SEC,
+        "too slow to fit between two reads: {:?}",
+        t0.elapsed()
+    );
+    let lines: Vec<serde_json::Value> = (0..3).map(|_| w.next(10 * SEC)).collect();
+    let said = |i: usize| {
+        (
+            lines[i]["event"].as_str().unwrap_or("?").to_string(),
+            lines[i]["epoch"].as_i64(),
+        )
+    };
+    assert_eq!(said(0), ("released".into(), Some(2)), "{lines:?}");
+    assert_eq!(lines[0]["holder"], "a-holder", "{lines:?}");
+    assert_eq!(said(1), ("unseen".into(), Some(3)), "{lines:?}");
+    assert_eq!(lines[1]["first_epoch"], 3, "{lines:?}");
+    assert_eq!(said(2), ("released".into(), Some(4)), "{lines:?}");
+    let mut child = w.child;
+    signal(child.id(), Signal::SIGTERM);
+    assert_eq!(wait_exit(&mut child, 5 * SEC).code(), Some(0));
+}
+
+#[test]
+fn no_tenure_is_left_out_embedded() {
+    no_tenure_is_left_out(stores::sqlite());
+}
+
+#[test]
+fn no_tenure_is_left_out_postgres() {
+    no_tenure_is_left_out(stores::postgres());
+}
