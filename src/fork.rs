@@ -288,10 +288,19 @@ unsafe fn child(
     // The last check before the command exists: leaderrun checked the
     // deadline before forking, but it can be frozen (or descheduled) for
     // any time between that check and here. Past the give-up deadline the
-    // lease may already be someone else's: do not exec. clock_gettime is
-    // async-signal-safe; the comparison allocates nothing.
+    // lease may already be someone else's: do not exec. The clock is read
+    // by the raw system call, as clock.rs reads it: a preloaded library
+    // that fakes time (libfaketime) interposes on the libc wrapper, and
+    // would otherwise move this one deadline check off the boot clock every
+    // other one is made on. A system call is async-signal-safe; the
+    // comparison allocates nothing.
     let mut ts: libc::timespec = std::mem::zeroed();
-    if libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) == 0 {
+    if libc::syscall(
+        libc::SYS_clock_gettime,
+        libc::CLOCK_BOOTTIME,
+        &mut ts as *mut libc::timespec,
+    ) == 0
+    {
         let now = ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128;
         if now >= setup.deadline.since_origin().as_nanos() {
             fail(PAST_DEADLINE);

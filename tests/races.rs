@@ -647,6 +647,89 @@ fn leaderrun_frozen_before_the_fork_past_the_deadline_never_starts_the_command()
     assert_eq!(code, Some(75), "{}", read(&dir.file("a.log")));
 }
 
+/// F3b: as F3, but resumed past the give-up deadline and before the
+/// lease's end (L = 6 s, G = 4 s, held 4.5 s): nothing ran on that lease,
+/// so it is handed back at its epoch, and a rival's try-once that follows
+/// leaderrun's exit leads at once instead of skipping until the lease runs
+/// out (the next firing would skip a job that ran nowhere).
+#[test]
+fn a_start_lost_to_a_freeze_hands_the_lease_back() {
+    if !is_root() || !strace_works() {
+        return;
+    }
+    let Some(cg) = private_cgroup("f3b") else {
+        return;
+    };
+    let mut clean = Cleanup::with_cgroup(cg.clone());
+    let dir = TempDir::new("race-f3b");
+    let Some((sys, n)) = command_fork(&cg, &dir, "f3b") else {
+        return;
+    };
+    let store = embedded(&dir);
+    let marker = dir.file("started");
+    let args = strs(&[
+        "--store",
+        &store,
+        "--name",
+        "f3b",
+        "--lease",
+        "6s",
+        "--",
+        "touch",
+        &marker.display().to_string(),
+    ]);
+    let inject = format!("{sys}:delay_enter=4500000:when={n}");
+    let st = strace_args(&dir.file("f3b.trace"), &sys, Some(&inject), &args);
+    let strace = in_cgroup(&cg, "strace", &st)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.file("a.log")).expect("log"))
+        .spawn()
+        .expect("strace");
+    clean.children.push(strace);
+    let lr_pid = traced_leaderrun(&clean.children[0]);
+    clean.proc(lr_pid);
+    let t0 = Instant::now();
+    let code = loop {
+        if let Some(st) = clean.children[0].try_wait().expect("try_wait") {
+            break st.code();
+        }
+        assert!(
+            t0.elapsed() < 15 * SEC,
+            "leaderrun did not exit: {}",
+            read(&dir.file("a.log"))
+        );
+        std::thread::sleep(10 * MS);
+    };
+    assert_eq!(code, Some(75), "{}", read(&dir.file("a.log")));
+    assert!(!marker.exists(), "the command started past the deadline");
+    // Under 6 s since the acquisition: the lease would still be held.
+    let rival = run({
+        let mut c = leaderrun();
+        c.args([
+            "--store",
+            &store,
+            "--name",
+            "f3b",
+            "--conflict-exit-code",
+            "9",
+        ])
+        .args(["--", "true"]);
+        c
+    });
+    assert!(
+        t0.elapsed() < 6 * SEC,
+        "too slow to tell: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        rival.code,
+        Some(0),
+        "the rival did not lead right after a start lost to a freeze (9: held): {}\n{}",
+        rival.stderr,
+        read(&dir.file("a.log"))
+    );
+}
+
 // ---------------------------------------------------------------------------
 // F4
 

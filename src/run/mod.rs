@@ -283,7 +283,7 @@ impl Run {
                 epoch = lease.epoch,
                 "lost lease {name} before the command started: past the give-up deadline (frozen?)"
             );
-            self.finish_watchdog();
+            self.lost_start(lease).await;
             return Ok(None);
         }
         // The second guard must be alive and hold its orders now: one that
@@ -329,7 +329,7 @@ impl Run {
                     epoch = lease.epoch,
                     "lost lease {name} before the command started: past the give-up deadline at exec (frozen?)"
                 );
-                self.finish_watchdog();
+                self.lost_start(lease).await;
                 return Ok(None);
             }
             Err(e) => {
@@ -347,6 +347,18 @@ impl Run {
         }
         tracing::debug!(event = "started", pid = child.pid(), "started the command");
         Ok(Some(child))
+    }
+
+    /// The give-up deadline passed before the command started: nothing ran
+    /// on this lease, so it is handed back at its epoch, as after a loss to
+    /// the store's silence (contract §8). Kept, it would block every
+    /// contender for the rest of the lease, and the next firing would skip
+    /// a job that ran nowhere. The release names the epoch: it frees
+    /// nothing someone else took meanwhile.
+    async fn lost_start(&mut self, lease: &Lease) {
+        self.finish_watchdog();
+        self.elector.release_after_loss(lease).await;
+        self.report.borrow_mut().released();
     }
 
     /// Hold the lease while the command runs: until it exits, the lease is
