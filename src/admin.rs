@@ -297,7 +297,7 @@ impl<'a> LeaseJson<'a> {
             holder: l.holder.as_deref(),
             epoch: l.epoch,
             live: l.is_live(),
-            expires_in_ms: l.expires_in_ms,
+            expires_in_ms: l.expires_in_ms_shown(),
             replication: repl.map(|r| ReplicationJson {
                 replication: &r.detail,
                 failover_can_lose_acquisition: r.can_lose_acknowledged,
@@ -449,6 +449,12 @@ mod tests {
             r#"{"name":"n","holder":null,"epoch":3,"live":false,"expires_in_ms":null}"#
         );
         assert_eq!(state(&info(None, Some(-1500))), "free since 1.5s ago");
+        // In JSON a free lease has no expiry on any store, whether or not
+        // the store kept when it ended.
+        let j = serde_json::to_string(&LeaseJson::new(&info(None, Some(-1500)), None)).unwrap();
+        assert!(j.contains(r#""expires_in_ms":null"#), "{j}");
+        let j = serde_json::to_string(&LeaseJson::new(&info(Some("h"), Some(-200)), None)).unwrap();
+        assert!(j.contains(r#""expires_in_ms":-200"#), "{j}");
         assert_eq!(state(&info(Some("h"), Some(2500))), "held, expires in 2.5s");
         assert_eq!(state(&info(Some("h"), Some(-200))), "expired 200ms ago");
         assert_eq!(

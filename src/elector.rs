@@ -58,9 +58,10 @@ impl std::fmt::Display for LossReason {
                 "woke up {} past the give-up deadline (frozen or suspended)",
                 show(*by)
             ),
-            LossReason::Superseded => {
-                f.write_str("the renewal matched nothing: another holder has the lease")
-            }
+            LossReason::Superseded => f.write_str(
+                "the renewal matched nothing: the lease is no longer ours at this epoch \
+                     (another holder took it, or it was released)",
+            ),
         }
     }
 }
@@ -216,7 +217,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
         let res = tokio::select! {
             biased;
             _ = self.clock.sleep_until(deadline) => Err(StoreError::unavailable(format!(
-                "no answer from the store within {}", show(budget)))),
+                "no answer from {} within {}", self.lock.shown(), show(budget)))),
             r = self.lock.acquire(self.timing.lease, budget) => r,
         };
         let Some(epoch) = res? else { return Ok(None) };

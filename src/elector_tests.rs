@@ -705,7 +705,8 @@ fn loss_reasons_read_as_what_happened() {
     );
     assert_eq!(
         LossReason::Superseded.to_string(),
-        "the renewal matched nothing: another holder has the lease"
+        "the renewal matched nothing: the lease is no longer ours at this epoch \
+         (another holder took it, or it was released)"
     );
 }
 

@@ -29,9 +29,11 @@ pub fn set_context(name: &str, holder: &str) {
     let _ = CONTEXT.set((name.to_string(), holder.to_string()));
 }
 
+/// The context's name and holder; a subcommand has no holder of its own,
+/// which its JSON lines say as `null`, as every other unknown value.
 fn context() -> (Option<&'static str>, Option<&'static str>) {
     match CONTEXT.get() {
-        Some((n, h)) => (Some(n.as_str()), Some(h.as_str())),
+        Some((n, h)) => (Some(n.as_str()), Some(h.as_str()).filter(|h| !h.is_empty())),
         None => (None, None),
     }
 }
@@ -73,6 +75,9 @@ pub struct Settings {
 /// Whether lines are JSON: set once, by [`init`] or [`set_format`].
 static JSON: AtomicBool = AtomicBool::new(false);
 
+/// `-q`: a subcommand's "no" goes unsaid (its exit status says it).
+static QUIET: AtomicBool = AtomicBool::new(false);
+
 /// The format for [`say`] when [`init`] is not called: a command line that
 /// clap refused still says why in the format it asked for.
 pub fn set_format(format: LogFormat) {
@@ -86,6 +91,7 @@ pub fn init(s: Settings) {
         format,
     } = s;
     set_format(format);
+    QUIET.store(quiet, Ordering::Relaxed);
     let level = match (quiet, verbose) {
         (true, _) => Level::ERROR,
         (false, 0) => Level::WARN,
@@ -103,10 +109,14 @@ pub fn init(s: Settings) {
 
 /// A line that answers or refuses on its own (a subcommand's "no", a
 /// refused command line, a store that cannot be opened): written whatever
-/// `-v` and `-q` say, as `leaderrun: <message>` (`leaderrun: error:
-/// <message>` at ERROR) or, with `--log-format json`, as an event shaped
-/// like every other line.
+/// `-v` says, and under `-q` only at ERROR (a refusal: the "no" of an
+/// answer is in the exit status), as `leaderrun: <message>` (`leaderrun:
+/// error: <message>` at ERROR) or, with `--log-format json`, as an event
+/// shaped like every other line.
 pub fn say(level: Level, event: &str, message: &str) {
+    if level != Level::ERROR && QUIET.load(Ordering::Relaxed) {
+        return;
+    }
     let line = if JSON.load(Ordering::Relaxed) {
         let mut time = String::new();
         let _ = SystemTime.format_time(&mut Writer::new(&mut time));

@@ -203,11 +203,28 @@ pub enum DurationError {
     Unreadable(#[from] humantime::DurationError),
     #[error("{text} is longer than the maximum of {} days", MAX_ANY_DURATION.as_secs() / 86_400)]
     TooLong { text: String },
+    /// `-5s`: out of range, not a flag.
+    #[error("{text} is out of range: a duration cannot be negative")]
+    Negative { text: String },
+    /// `--lease --wait`: the flag after it was taken for its value.
+    #[error("{text} is an option, not a duration (such as 10s or 1m30s)")]
+    NotAValue { text: String },
 }
 
 /// A duration from the command line, bounded by [`MAX_ANY_DURATION`], with
 /// the text it was typed as.
 pub fn parse_duration(s: &str) -> Result<DurationArg, DurationError> {
+    // Duration flags take values that start with `-` (so that `-5s` gets
+    // this answer, not clap's advice to write `-- -5s`, which would make it
+    // the command).
+    if let Some(rest) = s.trim_start().strip_prefix('-') {
+        let text = s.to_string();
+        return Err(if rest.starts_with(|c: char| c.is_ascii_digit()) {
+            DurationError::Negative { text }
+        } else {
+            DurationError::NotAValue { text }
+        });
+    }
     let d = humantime::parse_duration(s)?;
     if d > MAX_ANY_DURATION {
         return Err(DurationError::TooLong {

@@ -203,7 +203,7 @@ impl Printer {
                 previous_epoch: None,
                 first_epoch: None,
                 live: l.is_some_and(held),
-                expires_in_ms: l.and_then(|l| l.expires_in_ms),
+                expires_in_ms: l.and_then(LeaseInfo::expires_in_ms_shown),
             });
         }
         let name = crate::names::printable(name);
@@ -248,7 +248,7 @@ impl Printer {
                 previous_epoch,
                 first_epoch,
                 live: cur.is_some_and(held),
-                expires_in_ms: cur.and_then(|l| l.expires_in_ms),
+                expires_in_ms: cur.and_then(LeaseInfo::expires_in_ms_shown),
             });
         }
         let name = crate::names::printable(name);

@@ -132,6 +132,14 @@ fn no_once_the_stop_began(release: bool) {
         "past the give-up deadline"
     };
     assert!(said.contains(why), "{said}");
+    if release {
+        // Nobody took the lease: the holder does not claim someone did.
+        let log = read(&dir.file("holder.log"));
+        assert!(
+            log.contains("or it was released") && !log.contains("another holder has the lease"),
+            "{log}"
+        );
+    }
 }
 
 #[test]

@@ -23,6 +23,7 @@ mod handover;
 mod hostile_args;
 mod hostile_rows;
 mod init_and_read_only;
+mod messages;
 mod mysql_semisync;
 mod pgbouncer;
 mod polish;

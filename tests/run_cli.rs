@@ -263,7 +263,10 @@ fn bad_input_is_one_line_exit_2_and_starts_nothing() {
             &["--lease", "ten"],
             "invalid value 'ten' for '--lease <DUR>'",
         ),
-        (&["--lease", "-5s"], "'-5'"),
+        (
+            &["--lease", "-5s"],
+            "'-5s' for '--lease <DUR>': -5s is out of range",
+        ),
         (&["--timeout", "5s"], "--wait"),
         (&["--conflict-exit-code", "256"], "--conflict-exit-code"),
         (&["--holder", ""], "holder id must not be empty"),

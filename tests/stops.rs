@@ -395,3 +395,33 @@ print("runs %d zombies %d" % (runs, zombies))
     eprintln!("{}", stdout.trim());
     assert!(stdout.contains("runs 9 zombies 0"), "{stdout}");
 }
+
+/// leaderrun frozen past the kill deadline while its watchdog stops the
+/// command: thawed, it finds the command ended (unreaped, its child) and
+/// says so, without claiming the command "still runs at the kill
+/// deadline" or signalling it again.
+#[test]
+fn a_command_the_watchdog_ended_is_not_said_to_still_run() {
+    let dir = TempDir::new("t-thaw");
+    let mut a = spawn(
+        lr(
+            &format!("sqlite://{}", dir.file("leases.db").display()),
+            "thaw",
+            &["--lease", "3s"],
+            &worker(&dir, "a"),
+        ),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.pid"), 10 * SEC);
+    let pid = pid_in(&dir.file("a.pid"));
+    signal(a.id(), Signal::SIGSTOP);
+    // G = 2 s: the watchdog ends the command; K = 0.5 s later leaderrun's
+    // own kill deadline has passed too.
+    wait_for("the watchdog to end the command", 10 * SEC, || !alive(pid));
+    std::thread::sleep(SEC);
+    signal(a.id(), Signal::SIGCONT);
+    assert_eq!(wait_exit(&mut a, 10 * SEC).code(), Some(75));
+    let log = read(&dir.file("a.log"));
+    assert!(log.contains("no renewal reached the watchdog"), "{log}");
+    assert!(!log.contains("still runs at the kill deadline"), "{log}");
+}

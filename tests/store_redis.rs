@@ -519,7 +519,7 @@ fn refused_logins_and_permissions_will_not_heal_under_wait() {
     for (url, what) in [
         (
             format!("redis://:Wr0ngSecret@127.0.0.1:{}/0", r.port),
-            "authentication failed",
+            "refused the user name or password",
         ),
         (format!("redis://127.0.0.1:{}/0", r.port), "NOAUTH"),
         (format!("redis://ro:ro-pw@127.0.0.1:{}/0", r.port), "NOPERM"),

@@ -116,19 +116,19 @@ pub struct RunArgs {
     pub name: Option<String>,
 
     /// Lease length L [default: 15s]
-    #[arg(long, value_name = "DUR", value_parser = duration)]
+    #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub lease: Option<DurationArg>,
 
     /// Renew interval R [default: L/3]
-    #[arg(long, value_name = "DUR", value_parser = duration)]
+    #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub renew: Option<DurationArg>,
 
     /// Stop the command when no renewal succeeded for this long, G [default: 2L/3]
-    #[arg(long, value_name = "DUR", value_parser = duration)]
+    #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub give_up: Option<DurationArg>,
 
     /// Grace between SIGTERM and SIGKILL, K [default: (L-G)/2]
-    #[arg(long, value_name = "DUR", value_parser = duration)]
+    #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub kill_after: Option<DurationArg>,
 
     /// Contend until leading (default: try once, skip if held)
@@ -136,20 +136,20 @@ pub struct RunArgs {
     pub wait: bool,
 
     /// With --wait: stop waiting after this long (exit 124)
-    #[arg(long, value_name = "DUR", value_parser = duration, requires = "wait")]
+    #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true, requires = "wait")]
     pub timeout: Option<DurationArg>,
 
     /// How often a waiting contender tries, P [default: 2s]
-    #[arg(long, value_name = "DUR", value_parser = duration)]
+    #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub retry: Option<DurationArg>,
 
     /// Keep the lease at least this long after acquiring it
-    #[arg(long, value_name = "DUR", value_parser = duration)]
+    #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub min_hold: Option<DurationArg>,
 
     /// Step down after leading this long: stop the command (as on a lost lease), release, wait
     /// until another contender leads (at most one lease length), exit 75
-    #[arg(long, value_name = "DUR", value_parser = duration)]
+    #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub max_term: Option<DurationArg>,
 
     /// Wait by polling only, without the store's push wake-ups (for a Postgres behind PgBouncer
@@ -162,7 +162,7 @@ pub struct RunArgs {
     pub holder: Option<String>,
 
     /// Exit status when the lease is held elsewhere
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, allow_hyphen_values = true, value_parser = exit_code)]
     pub conflict_exit_code: u8,
 
     /// Write Prometheus metrics to this file (atomically replaced)
@@ -191,7 +191,7 @@ pub enum Admin {
         #[arg(short, long, value_parser = parse_name)]
         name: String,
         /// Only if the lease is still at this epoch (what `status` showed)
-        #[arg(long)]
+        #[arg(short, long, allow_negative_numbers = true)]
         epoch: Option<i64>,
     },
     /// Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)
@@ -200,7 +200,13 @@ pub enum Admin {
         #[arg(short, long, env = "LEASE_NAME", hide_env_values = true, value_parser = parse_name)]
         name: String,
         /// The epoch it must be live at (leaderrun sets LEASE_EPOCH likewise)
-        #[arg(short, long, env = "LEASE_EPOCH", hide_env_values = true)]
+        #[arg(
+            short,
+            long,
+            env = "LEASE_EPOCH",
+            hide_env_values = true,
+            allow_negative_numbers = true
+        )]
         epoch: i64,
     },
     /// Print who holds the lease(s) now, then one line per change (acquired, released, expired) until interrupted
@@ -212,7 +218,7 @@ pub enum Admin {
         #[arg(long)]
         json: bool,
         /// How often to read the store [default: 2s]
-        #[arg(long, value_name = "DUR", value_parser = duration)]
+        #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
         retry: Option<DurationArg>,
     },
     /// Create the lease table, or print its SQL with --print
@@ -291,6 +297,17 @@ fn run_flags_before(m: &clap::ArgMatches, sub: &str) -> Result<(), RunFlagBefore
     Ok(())
 }
 
+/// `--conflict-exit-code`: an exit status, 0 to 255. A negative one reaches
+/// here (not clap's "use -- -1" advice, which would make it the command).
+fn exit_code(s: &str) -> Result<u8, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) => {
+            u8::try_from(n).map_err(|_| format!("{n} is out of range: an exit status is 0 to 255"))
+        }
+        Err(_) => Err(format!("{s} is not a number from 0 to 255")),
+    }
+}
+
 /// `--store` is global: its value (and source) may sit in a subcommand's
 /// matches.
 fn store_origin(m: &clap::ArgMatches) -> crate::store::Origin {
@@ -350,8 +367,54 @@ pub fn one_line_error(e: &clap::Error) -> String {
         .next()
         .unwrap_or(&text);
     let mut out = head.split_whitespace().collect::<Vec<_>>().join(" ");
-    out.push_str(" (see leaderrun --help)");
+    if let Some(hint) = unexpected_hint(e) {
+        out.push_str("; ");
+        out.push_str(&hint);
+    }
+    // One pointer to help: some errors name a subcommand's already.
+    if !out.contains("--help") {
+        out.push_str(" (see leaderrun --help)");
+    }
     out
+}
+
+/// What an unexpected word most likely meant: a subcommand misspelt
+/// (`stauts`), or the run form's COMMAND without the `--` before it.
+fn unexpected_hint(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(word)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    if word.starts_with('-') {
+        return None;
+    }
+    let subs = ["status", "release", "check", "watch", "init"];
+    if let Some(near) = subs.iter().find(|s| edit_distance(word, s) <= 2) {
+        return Some(format!("did you mean `{near}`?"));
+    }
+    Some(format!(
+        "the command goes after `--`: leaderrun [OPTIONS] --name <NAME> -- {} ...",
+        crate::names::printable(word)
+    ))
+}
+
+/// Levenshtein distance, for a word as short as a subcommand's name.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 #[cfg(test)]

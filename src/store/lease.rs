@@ -19,6 +19,15 @@ impl LeaseInfo {
     pub fn is_live(&self) -> bool {
         self.holder.is_some() && self.expires_in_ms.is_some_and(|ms| ms > 0)
     }
+
+    /// `expires_in_ms` as `--json` shows it: `null` for a free lease on
+    /// every store. A SQL store keeps when a released lease ended (a
+    /// negative time, which the text of `status` uses), Redis and etcd
+    /// delete the key and keep nothing; a script must not have to know
+    /// which. A held lease that ran out keeps its negative time.
+    pub fn expires_in_ms_shown(&self) -> Option<i64> {
+        self.expires_in_ms.filter(|_| self.holder.is_some())
+    }
 }
 
 /// What a store can promise.

@@ -334,6 +334,11 @@ pub trait LeaseLock {
 
     /// The lease as the store has it, whoever holds it.
     async fn inspect(&mut self, timeout: Duration) -> Result<Option<LeaseInfo>, StoreError>;
+
+    /// The store as messages name it (no password).
+    fn shown(&self) -> String {
+        "the store".into()
+    }
 }
 
 /// One store, bound to one lease name and one holder. Per-lease state a
@@ -365,6 +370,10 @@ impl Lock {
 
 impl LeaseLock for Lock {
     type Wakeups = Subscription;
+
+    fn shown(&self) -> String {
+        format!("the store {}", self.describe())
+    }
 
     async fn acquire(
         &mut self,

@@ -340,6 +340,13 @@ impl Child {
         forward: &mut UnboundedReceiver<Signal>,
     ) -> (ExitStatus, bool) {
         let st = loop {
+            // A command that already ended (the watchdog stopped it while
+            // leaderrun was frozen, and it waits unreaped) is not signalled
+            // or said to still run: what it left is `finish`'s, below.
+            self.reap();
+            if self.exited.is_some() {
+                break self.wait().await;
+            }
             // Until the command is reaped it counts as running; a stuck one
             // (SIGKILL has not ended it) is waited for without more rounds.
             let wake = match stop.next(clock.now(), true) {

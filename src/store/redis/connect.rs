@@ -38,7 +38,17 @@ impl Connect for Reach {
     fn classify(&self, what: &str, e: RedisError) -> StoreError {
         // The server's and the driver's words; neither contains the
         // password (the server never echoes AUTH arguments).
-        let msg = format!("{what} the store {}: {e}", self.redacted);
+        // The driver renders a refused AUTH as "Password authentication
+        // failed- AuthenticationFailed": said in words, with the server's
+        // own reason where it gave one.
+        let msg = match e.kind() {
+            ErrorKind::AuthenticationFailed => format!(
+                "{what} the store {}: the server refused the user name or password{}",
+                self.redacted,
+                e.detail().map(|d| format!(" ({d})")).unwrap_or_default()
+            ),
+            _ => format!("{what} the store {}: {e}", self.redacted),
+        };
         StoreError::healing(is_transient(&e), msg).with_source(e)
     }
 }
