@@ -109,6 +109,15 @@ fn the_man_page_documents_what_users_look_up() {
     assert!(!page.contains("leaderrun\\-"), "refers to unshipped pages");
     // Plain ASCII: every other sign is spelled as groff names it.
     assert!(page.is_ascii(), "non-ASCII in the man page");
+    // A crontab line runs from cron's `$HOME`: its command is an absolute
+    // path, or a user copying it gets "not found" in a cron mail.
+    for line in page.lines().filter(|l| l.contains("* *")) {
+        let after = line.rsplit("\\-\\- ").next().unwrap_or_default();
+        assert!(
+            after.starts_with('/'),
+            "a cron example runs a relative path: {line}"
+        );
+    }
 }
 
 /// The page renders, through man(1) and groff, without a single warning.

@@ -131,7 +131,7 @@ pub const MAN_SECTIONS: &[(&str, &[Block])] = &[
                  few seconds late still skips:",
             ),
             Block::Example(&[
-                "0 3 * * * leaderrun --store postgres://app@db/jobs --name invoice-sweeper --min-hold 5m -- ./sweep.sh",
+                "0 3 * * * leaderrun --store postgres://app@db/jobs --name invoice-sweeper --min-hold 5m -- /opt/app/sweep.sh",
             ]),
             Block::Para("A standby systemd service: every host runs it, one leads:"),
             Block::Example(&["ExecStart=/usr/bin/leaderrun -v --wait --name ingest -- /usr/bin/ingestd"]),

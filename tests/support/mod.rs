@@ -239,7 +239,11 @@ pub fn leaderrun_unprivileged(dir: &TempDir) -> Command {
     c
 }
 
-/// The libfaketime preload library, from Debian's `faketime` package.
+/// The libfaketime preload library, from Debian's `faketime` package. A
+/// test that preloads it sets `FAKETIME_DONT_FAKE_MONOTONIC=1` too:
+/// leaderrun's deadlines read `CLOCK_BOOTTIME` by the raw system call,
+/// which no preload sees, but the async runtime's timers (call time-outs)
+/// read `CLOCK_MONOTONIC` through libc, and a faked one moves them.
 pub fn libfaketime() -> PathBuf {
     for dir in [
         "/usr/lib/x86_64-linux-gnu/faketime",
