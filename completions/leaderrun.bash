@@ -303,7 +303,7 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__release)
-            opts="-n -e -s -v -q -h --name --epoch --store --verbose --quiet --log-format --help"
+            opts="-n -e -s -v -q -h --name --epoch --holder --store --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -322,6 +322,10 @@ _leaderrun() {
                     return 0
                     ;;
                 -e)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --holder)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -61,6 +61,7 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s q -l quie
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s n -l name -d 'The lease to clear (never taken from LEADERRUN_NAME: clearing is deliberate)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s e -l epoch -d 'Only if the lease is still at this epoch (what `status` showed)' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l holder -d 'Only if this holder holds it (a unit\'s ExecStopPost naming its own run\'s --holder)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379...] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"

@@ -87,7 +87,11 @@ pub async fn run(cmd: Admin, common: Common) -> Result<Exit, Error> {
                 .unwrap_or_else(|e| Replication::unknown(format!("not known ({e})")));
             status(leases, name, json, Some(&repl))
         }
-        Admin::Release { name, epoch } => release(&mut store, &name, epoch).await,
+        Admin::Release {
+            name,
+            epoch,
+            holder,
+        } => release(&mut store, &name, epoch, holder.as_deref()).await,
         Admin::Check { name, epoch } => check(&mut store, &name, epoch).await,
         Admin::Watch { name, json, .. } => {
             crate::watch::run(&mut store, name, json, interval).await
@@ -144,8 +148,12 @@ fn file_store(choice: Option<(&str, crate::store::Origin)>) -> Option<std::path:
 fn answer(cmd: Admin, leases: Vec<LeaseInfo>, shown: &str) -> Result<Exit, Error> {
     match cmd {
         Admin::Status { name, json } => status(leases, name, json, None),
-        Admin::Release { name, epoch } => {
-            not_released(&name, epoch);
+        Admin::Release {
+            name,
+            epoch,
+            holder,
+        } => {
+            not_released(&name, epoch, holder.as_deref());
             Ok(Exit::No)
         }
         Admin::Check { name, epoch } => {
@@ -306,7 +314,28 @@ impl<'a> LeaseJson<'a> {
     }
 }
 
-async fn release(store: &mut Store, name: &str, epoch: Option<i64>) -> Result<Exit, Error> {
+async fn release(
+    store: &mut Store,
+    name: &str,
+    epoch: Option<i64>,
+    holder: Option<&str>,
+) -> Result<Exit, Error> {
+    // `--holder`: the lease is cleared at the epoch that holder has, read
+    // first. The clear names that epoch, so a lease someone else took
+    // between the two calls (a higher epoch) is never freed: the holder's
+    // own run, and nothing after it.
+    let epoch = match holder {
+        None => epoch,
+        Some(h) => match store.inspect(name, CALL).await? {
+            Some(l) if l.holder.as_deref() == Some(h) && epoch.is_none_or(|e| e == l.epoch) => {
+                Some(l.epoch)
+            }
+            _ => {
+                not_released(name, epoch, Some(h));
+                return Ok(Exit::No);
+            }
+        },
+    };
     match store.clear(name, epoch, CALL).await? {
         Some(was) => {
             crate::outln!(
@@ -319,16 +348,19 @@ async fn release(store: &mut Store, name: &str, epoch: Option<i64>) -> Result<Ex
             Ok(Exit::Yes)
         }
         None => {
-            not_released(name, epoch);
+            not_released(name, epoch, holder);
             Ok(Exit::No)
         }
     }
 }
 
-fn not_released(name: &str, epoch: Option<i64>) {
+fn not_released(name: &str, epoch: Option<i64>, holder: Option<&str>) {
+    let by = holder.map_or(String::new(), |h| {
+        format!(" by {}", crate::names::printable(h))
+    });
     let msg = match epoch {
-        Some(e) => format!("{name} is not held at epoch {e}; nothing released"),
-        None => format!("{name} is not held; nothing released"),
+        Some(e) => format!("{name} is not held{by} at epoch {e}; nothing released"),
+        None => format!("{name} is not held{by}; nothing released"),
     };
     logging::say(Level::WARN, "not_released", &msg);
 }

@@ -37,6 +37,7 @@ mod store_redis;
 mod store_sqlite;
 mod store_strings;
 mod strangers;
+mod systemd_unit;
 mod terminal;
 mod watch;
 mod watchdog;

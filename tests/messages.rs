@@ -197,3 +197,31 @@ fn a_refused_redis_password_reads_as_such() {
         out.stderr
     );
 }
+
+/// `release --holder`: only that holder's lease is freed, at the epoch it
+/// has; another holder's is left alone, said so, exit 1.
+#[test]
+fn release_by_holder_frees_only_that_holders_lease() {
+    let dir = TempDir::new("msg-holder");
+    let s = sqlite(&dir);
+    let mut a = spawn(
+        lr(&s, "h", &["--holder", "unit-a"], &worker(&dir, "a")),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.pid"), std::time::Duration::from_secs(10));
+    let out = args(&[
+        "--store", &s, "release", "--name", "h", "--holder", "unit-b",
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("not held by unit-b"), "{}", out.stderr);
+    let out = args(&[
+        "--store", &s, "release", "--name", "h", "--holder", "unit-a",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stdout.contains("released h"), "{}", out.stdout);
+    // The holder finds out at its next renewal and ends as a loss.
+    assert_eq!(
+        wait_exit(&mut a, std::time::Duration::from_secs(20)).code(),
+        Some(75)
+    );
+}

@@ -193,6 +193,9 @@ pub enum Admin {
         /// Only if the lease is still at this epoch (what `status` showed)
         #[arg(short, long, allow_negative_numbers = true)]
         epoch: Option<i64>,
+        /// Only if this holder holds it (a unit's ExecStopPost naming its own run's --holder)
+        #[arg(long, value_name = "ID", value_parser = parse_holder)]
+        holder: Option<String>,
     },
     /// Exit 0 only while the lease is live at this epoch (for a child, before a step that must not run twice)
     Check {
