@@ -289,6 +289,21 @@ mod tests {
         assert_eq!(decode(&torn), None);
         assert_eq!(decode(b""), None);
         assert_eq!(decode(b"{}\tzz\n"), None);
+        // FNV-1a as published (a record is read by another leaderrun, maybe
+        // of another build: the sum is a format, not a private detail).
+        assert_eq!(checksum(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(checksum(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    /// No record where one was named: its leaderrun is gone (the command's
+    /// check says "not live"), unlike a record it may not read (cannot tell).
+    #[test]
+    fn a_record_that_is_gone_is_told_from_one_that_cannot_be_read() {
+        assert!(matches!(
+            read("/proc/self/fd/no-such-fd"),
+            Err(ReadError::Gone(_))
+        ));
+        assert!(matches!(read("/proc/self"), Err(ReadError::Io { .. })));
     }
 
     #[test]
