@@ -58,9 +58,16 @@ impl Container {
             .spawn()
             .expect("sh");
         let pid = nspawn.id() as i32;
+        // The child of nspawn that is the container's systemd (nspawn forks
+        // short-lived helpers too: one of those is not PID 1).
         let pid1 = wait_until_some("the container's systemd", 20 * SEC, || {
             let kids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
-            kids.split_whitespace().next()?.parse().ok()
+            kids.split_whitespace()
+                .filter_map(|k| k.parse::<i32>().ok())
+                .find(|k| {
+                    std::fs::read_to_string(format!("/proc/{k}/comm"))
+                        .is_ok_and(|c| c.trim() == "systemd")
+                })
         });
         let c = Container {
             nspawn,
