@@ -840,9 +840,16 @@ impl Lite {
         let create = create && (self.create || (lease && self.path.exists()));
         if lease && create {
             make_lease_dir(&self.path, self.create).map_err(|e| {
-                let dir = lease_dir(&self.path);
-                let said = format!("cannot create the store directory {}: {e}", dir.display());
-                StoreError::fatal(said).with_source(e)
+                // Most often the store's directory is not writable: say so
+                // as for the store's own file.
+                let why = why_unopenable(&self.path).unwrap_or_else(|| {
+                    format!(
+                        "cannot create the lease directory {}: {e}",
+                        lease_dir(&self.path).display()
+                    )
+                });
+                StoreError::fatal(format!("cannot open the store {}: {why}", self.shown()))
+                    .with_source(e)
             })?;
         } else if create {
             if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
