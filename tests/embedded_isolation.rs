@@ -184,7 +184,11 @@ fn a_stopped_leaderrun_holds_up_no_other_lease() {
     );
     wait_file(&victim_ready, 10 * R);
     wait_file(&frozen_ready, 10 * R);
+    // Its watchdog stopped too (as a frozen cgroup would have it), so that
+    // nothing ends the stopped run: it holds its file all along.
+    let watchdog = watchdog_of(frozen.id()).expect("the frozen run's watchdog");
     let at = freeze_inside_the_lock(&frozen, &trigger);
+    signal(watchdog as u32, Signal::SIGSTOP);
 
     // A new run of another name: started and done well within G.
     let t0 = Instant::now();
@@ -224,19 +228,22 @@ fn a_stopped_leaderrun_holds_up_no_other_lease() {
     assert!(r.stdout.contains("held"), "{}", r.stdout);
 
     // Nobody needed the stopped run's own file: it was left alone.
-    assert!(stopped(frozen.id()));
+    assert!(stopped(frozen.id()) && holds_a_write_lock(frozen.id()));
     end(&mut frozen);
+    signal(watchdog as u32, Signal::SIGKILL);
+    signal(watchdog as u32, Signal::SIGCONT);
     signal(victim.id(), Signal::SIGTERM);
     wait_exit(&mut victim, 5 * R);
 }
 
-/// A holder stopped inside its lease's write lock: a waiting rival leads
-/// once the lease is over (at most `L` after the freeze, since the holder
-/// renewed before it), not before its command is gone, and not never: the
-/// stopped process, whose lease is over, is ended. On a single file for
-/// every lease the rival waited for as long as the holder stayed stopped.
+/// A holder stopped inside its lease's write lock: at its give-up deadline
+/// its watchdog ends it (its lease is lost from then on anyway) and hands
+/// the lease back, so a waiting rival leads at about `G` after the last
+/// renewal, before the lease would have ended, and not before the stopped
+/// holder's command is gone. On a single file for every lease the rival
+/// waited for as long as the holder stayed stopped.
 #[test]
-fn a_rival_leads_once_the_stopped_holders_lease_is_over() {
+fn a_rival_leads_once_the_stopped_holder_has_given_up() {
     let dir = TempDir::new("iso-own");
     let url = store(&dir);
     let lib = freeze_library(&dir);
@@ -267,15 +274,15 @@ fn a_rival_leads_once_the_stopped_holders_lease_is_over() {
         lr(
             &url,
             "job",
-            &[&LEASE[..], &["--wait", "--retry", "500ms"]].concat(),
+            &[&LEASE[..], &["--wait"]].concat(),
             &format!("echo $LEASE_EPOCH > {}; exec sleep 60", ran.display()),
         ),
         &dir.file("rival.log"),
     );
-    // The last renewal went out before the freeze, so the lease is over by
-    // `at + L`; the rival's attempt at the expiry it read, and ending the
-    // stopped holder, take milliseconds (a second allowed for a slow host).
-    let waited = wait_for("the rival to lead", L + R, || !read(&ran).trim().is_empty());
+    // Stopped at a renewal, `R` after the last one went out: the lease
+    // would end `L - R` after the freeze; the give-up deadline is `G - R`
+    // after it.
+    wait_for("the rival to lead", L + R, || !read(&ran).trim().is_empty());
     let led = at.elapsed();
     assert_eq!(read(&ran).trim(), "2", "{}", read(&dir.file("rival.log")));
     assert!(
@@ -283,10 +290,78 @@ fn a_rival_leads_once_the_stopped_holders_lease_is_over() {
         "the rival leads {led:?} after the freeze while the stopped holder's command runs"
     );
     assert!(
-        led <= L + R,
-        "led {led:?} after the freeze (waited {waited:?})"
+        led < L - R,
+        "the rival led {led:?} after the freeze: not before the lease's end"
     );
-    // The stopped holder was ended (SIGKILL), its hold on the file with it.
+    let status = wait_exit(&mut holder, 5 * R);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9), "{status:?}");
+    let log = read(&dir.file("holder.log"));
+    assert!(
+        log.contains("leaderrun was stopped while it held the file of lease job: ended")
+            && log.contains("the lease released"),
+        "{log}"
+    );
+    end(&mut rival);
+}
+
+/// The whole run stopped (leaderrun inside the write lock, its watchdog and
+/// its command, as a frozen cgroup stops them): nothing of it can hand the
+/// lease back, and a rival leads once the lease is over by the store's
+/// clock, as after any freeze, ending the stopped leaderrun that holds the
+/// file. On a single file for every lease the rival waited for as long as
+/// the run stayed stopped.
+#[test]
+fn a_rival_leads_at_the_lease_end_when_the_whole_run_is_stopped() {
+    let dir = TempDir::new("iso-whole");
+    let url = store(&dir);
+    let lib = freeze_library(&dir);
+    let trigger = dir.file("trigger");
+    let ready = dir.file("ready");
+    let cmd_pid = dir.file("cmd.pid");
+    let mut holder = spawn(
+        freezable(
+            &lib,
+            &trigger,
+            &url,
+            "job",
+            &LEASE,
+            &format!(
+                "echo $$ > {}; touch {}; exec sleep 60",
+                cmd_pid.display(),
+                ready.display()
+            ),
+        ),
+        &dir.file("holder.log"),
+    );
+    wait_file(&ready, 10 * R);
+    let command = pid_in(&cmd_pid);
+    let watchdog = watchdog_of(holder.id()).expect("the holder's watchdog");
+    let at = freeze_inside_the_lock(&holder, &trigger);
+    signal(watchdog as u32, Signal::SIGSTOP);
+    signal(command as u32, Signal::SIGSTOP);
+
+    let ran = dir.file("rival.ran");
+    let mut rival = spawn(
+        lr(
+            &url,
+            "job",
+            &[&LEASE[..], &["--wait"]].concat(),
+            &format!("echo $LEASE_EPOCH > {}; exec sleep 60", ran.display()),
+        ),
+        &dir.file("rival.log"),
+    );
+    // The lease ends by `L - R` after the freeze (the last renewal went
+    // out `R` before it); the rival's attempt at the end it read, and
+    // ending the stopped holder, take milliseconds (`R` allowed for a slow
+    // host). Not before the end: the rival must not take a live lease.
+    wait_for("the rival to lead", L + R, || !read(&ran).trim().is_empty());
+    let led = at.elapsed();
+    assert_eq!(read(&ran).trim(), "2", "{}", read(&dir.file("rival.log")));
+    assert!(
+        led >= L - R - R / 2 && led <= L,
+        "the rival led {led:?} after the freeze"
+    );
     let status = wait_exit(&mut holder, 5 * R);
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(9), "{status:?}");
@@ -295,6 +370,10 @@ fn a_rival_leads_once_the_stopped_holders_lease_is_over() {
         "{}",
         read(&dir.file("rival.log"))
     );
+    for pid in [watchdog, command] {
+        signal(pid as u32, Signal::SIGKILL);
+        signal(pid as u32, Signal::SIGCONT);
+    }
     end(&mut rival);
 }
 
@@ -340,11 +419,7 @@ fn a_stopped_contender_costs_the_holder_nothing() {
     let at = Instant::now();
     assert!(!trigger.exists() && holds_a_write_lock(contender.id()));
 
-    // The holder's next renewal (within R) ends the stopped contender.
-    let status = wait_exit(&mut contender, R + R);
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(status.signal(), Some(9), "{status:?}");
-    assert!(!ran.exists(), "the stopped contender ran its command");
+    // The holder keeps its lease through a whole lease and more...
     while at.elapsed() < L + R {
         assert!(
             running(&mut holder),
@@ -354,6 +429,11 @@ fn a_stopped_contender_costs_the_holder_nothing() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // ...because its next renewal (within R) ended the stopped contender.
+    let status = wait_exit(&mut contender, R);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9), "{status:?}");
+    assert!(!ran.exists(), "the stopped contender ran its command");
     assert!(
         read(&dir.file("holder.log")).contains("stopped while it held the file of lease job"),
         "{}",

@@ -275,6 +275,17 @@ impl SqliteStore {
         }
     }
 
+    /// End `pid` if it is a leaderrun stopped while it holds the write
+    /// lock of lease `name`'s file: for the watchdog, whose leaderrun's
+    /// lease is lost once the give-up deadline has passed
+    /// (watchdog/process.rs, `end_stopped_leaderrun`). True when ended.
+    pub fn end_stopped_holder(&self, name: &str, pid: i32) -> bool {
+        match lease_file(&self.c.path, name) {
+            Some(file) => stopped::stopped_holder(&file) == Some(pid) && stopped::end(&file, pid),
+            None => false,
+        }
+    }
+
     /// The file of lease `name`; a name no file can be named after (only
     /// a row written by hand can hold one) is refused.
     fn file(&self, name: &str) -> Result<PathBuf, StoreError> {
