@@ -174,6 +174,12 @@ pub struct SqliteStore {
     /// One lease file's connection, kept between calls (a `Lock` uses one
     /// name, so a run opens its file once); dropped when a call failed.
     conn: Option<(PathBuf, SqliteConnection)>,
+    /// The connections `list` read every file through, kept for the next
+    /// `list` (`watch` lists every `--retry`): the first process to open a
+    /// file that nobody has open rebuilds its WAL index, under the file's
+    /// write lock, and a watcher need not do that for every lease at
+    /// every look.
+    readers: BTreeMap<PathBuf, SqliteConnection>,
 }
 
 /// The store's file, and what is learnt once per process.
@@ -272,6 +278,7 @@ impl SqliteStore {
         SqliteStore {
             c: Lite { path, create: true },
             conn: None,
+            readers: BTreeMap::new(),
         }
     }
 
@@ -540,19 +547,19 @@ impl SqliteStore {
         }
         for file in files {
             let legacy = file == self.c.path;
-            let mut conn = match self.conn.take() {
-                Some((f, c)) if f == file => c,
-                kept => {
-                    self.conn = kept;
-                    self.c.open_file(&file, false).await?
-                }
+            let mut conn = match self.readers.remove(&file) {
+                Some(c) => c,
+                None => self.c.open_file(&file, false).await?,
             };
             let rows = read_all_until_answered(&mut conn, || {
                 sqlx::query(LIST_SQL).bind(now_ms()).bind(&boot)
             })
             .await;
             let rows = match rows {
-                Ok(rows) => rows,
+                Ok(rows) => {
+                    self.readers.insert(file.clone(), conn);
+                    rows
+                }
                 // A lease file that was created but never got its table.
                 Err(e) if no_table(&e) => Vec::new(),
                 Err(e) => return Err(self.c.classify(what, e)),
