@@ -25,6 +25,9 @@ const L: Duration = Duration::from_secs(3);
 const R: Duration = Duration::from_secs(1);
 const G: Duration = Duration::from_secs(2);
 const LEASE: [&str; 2] = ["--lease", "3s"];
+/// How long a run may take to start its command (not what is measured
+/// here; a machine busy building may be slow to create a store).
+const START: Duration = Duration::from_secs(30);
 
 /// Stops the process right after it took SQLite's WAL write lock, once,
 /// when the file `$FREEZE_TRIGGER` exists (it is deleted then).
@@ -182,20 +185,21 @@ fn a_stopped_leaderrun_holds_up_no_other_lease() {
         ),
         &dir.file("frozen.log"),
     );
-    wait_file(&victim_ready, 10 * R);
-    wait_file(&frozen_ready, 10 * R);
+    wait_file(&victim_ready, START);
+    wait_file(&frozen_ready, START);
     // Its watchdog stopped too (as a frozen cgroup would have it), so that
     // nothing ends the stopped run: it holds its file all along.
     let watchdog = watchdog_of(frozen.id()).expect("the frozen run's watchdog");
     let at = freeze_inside_the_lock(&frozen, &trigger);
     signal(watchdog as u32, Signal::SIGSTOP);
 
-    // A new run of another name: started and done well within G.
+    // A new run of another name: started and done within a lease (on one
+    // shared file it waited 10 s for "no answer").
     let t0 = Instant::now();
     let r = run(lr(&url, "unrelated", &[], "echo ran"));
     let took = t0.elapsed();
     assert_eq!((r.code, r.stdout.trim()), (Some(0), "ran"), "{}", r.stderr);
-    assert!(took < G, "a run of another name took {took:?}");
+    assert!(took < L, "a run of another name took {took:?}");
 
     // `status` reads every lease, the stopped one's included.
     let t0 = Instant::now();
@@ -203,7 +207,7 @@ fn a_stopped_leaderrun_holds_up_no_other_lease() {
     c.args(["--store", &url, "status"]);
     let r = run(c);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    assert!(t0.elapsed() < G, "status took {:?}", t0.elapsed());
+    assert!(t0.elapsed() < L, "status took {:?}", t0.elapsed());
     for name in ["victim", "frozen", "unrelated"] {
         assert!(r.stdout.contains(name), "{name} missing: {}", r.stdout);
     }
@@ -265,7 +269,7 @@ fn a_rival_leads_once_the_stopped_holder_has_given_up() {
         ),
         &dir.file("holder.log"),
     );
-    wait_file(&ready, 10 * R);
+    wait_file(&ready, START);
     let command = pid_in(&cmd_pid);
     let at = freeze_inside_the_lock(&holder, &trigger);
 
@@ -289,9 +293,12 @@ fn a_rival_leads_once_the_stopped_holder_has_given_up() {
         !alive(command),
         "the rival leads {led:?} after the freeze while the stopped holder's command runs"
     );
+    // Not before the give-up deadline (the stop might have been a harmless
+    // Ctrl-Z until then; the renewal that stopped may have gone out a
+    // little late), and before the lease would have ended.
     assert!(
-        led < L - R,
-        "the rival led {led:?} after the freeze: not before the lease's end"
+        led >= G - R - R / 2 && led < L - R,
+        "the rival led {led:?} after the freeze"
     );
     let status = wait_exit(&mut holder, 5 * R);
     use std::os::unix::process::ExitStatusExt;
@@ -334,7 +341,7 @@ fn a_rival_leads_at_the_lease_end_when_the_whole_run_is_stopped() {
         ),
         &dir.file("holder.log"),
     );
-    wait_file(&ready, 10 * R);
+    wait_file(&ready, START);
     let command = pid_in(&cmd_pid);
     let watchdog = watchdog_of(holder.id()).expect("the holder's watchdog");
     let at = freeze_inside_the_lock(&holder, &trigger);
@@ -397,7 +404,7 @@ fn a_stopped_contender_costs_the_holder_nothing() {
         ),
         &dir.file("holder.log"),
     );
-    wait_file(&ready, 10 * R);
+    wait_file(&ready, START);
     // Armed before the contender starts: its first write lock is its
     // attempt to acquire.
     std::fs::write(&trigger, "").expect("trigger");
@@ -413,7 +420,7 @@ fn a_stopped_contender_costs_the_holder_nothing() {
         ),
         &dir.file("contender.log"),
     );
-    wait_for("the contender to stop inside the write lock", 5 * R, || {
+    wait_for("the contender to stop inside the write lock", START, || {
         stopped(contender.id())
     });
     let at = Instant::now();

@@ -69,7 +69,7 @@ use self::path::{create_private_dir, make_lease_dir, why_unopenable};
 pub use self::path::{default_path, lease_dir, lease_file};
 
 use self::wake::{touch, FileWakeups};
-use super::session::Connect;
+use super::session::{Connect, Session};
 use super::sql::{self, lease_info, millis, Dialect};
 use super::wake::Subscription;
 use super::{
@@ -170,7 +170,10 @@ const MOVE_IN_SQL: &str = "INSERT INTO leader_lease (name, holder, epoch, expire
      VALUES (?1, NULL, ?2, 0, ?3)";
 
 pub struct SqliteStore {
-    c: Lite,
+    /// The store's own file, one connection kept between calls (used to
+    /// move leases out of it, and to read and release the leases an older
+    /// leaderrun keeps there); its `c` is the store's settings.
+    legacy: Session<Lite>,
     /// One lease file's connection, kept between calls (a `Lock` uses one
     /// name, so a run opens its file once); dropped when a call failed.
     conn: Option<(PathBuf, SqliteConnection)>,
@@ -240,7 +243,7 @@ pub fn open(t: &Target<'_>) -> Result<Store, UrlError> {
         }
     }
     let mut store = SqliteStore::new(path);
-    store.c.create = create;
+    store.legacy.c.create = create;
     Ok(Store::Sqlite(store))
 }
 
@@ -276,7 +279,7 @@ fn busy(e: &sqlx::Error) -> bool {
 impl SqliteStore {
     fn new(path: PathBuf) -> SqliteStore {
         SqliteStore {
-            c: Lite { path, create: true },
+            legacy: Session::new(Lite { path, create: true }),
             conn: None,
             readers: BTreeMap::new(),
         }
@@ -287,7 +290,7 @@ impl SqliteStore {
     /// lease is lost once the give-up deadline has passed
     /// (watchdog/process.rs, `end_stopped_leaderrun`). True when ended.
     pub fn end_stopped_holder(&self, name: &str, pid: i32) -> bool {
-        match lease_file(&self.c.path, name) {
+        match lease_file(&self.legacy.c.path, name) {
             Some(file) => stopped::stopped_holder(&file) == Some(pid) && stopped::end(&file, pid),
             None => false,
         }
@@ -296,11 +299,11 @@ impl SqliteStore {
     /// The file of lease `name`; a name no file can be named after (only
     /// a row written by hand can hold one) is refused.
     fn file(&self, name: &str) -> Result<PathBuf, StoreError> {
-        lease_file(&self.c.path, name).ok_or_else(|| {
+        lease_file(&self.legacy.c.path, name).ok_or_else(|| {
             StoreError::fatal(format!(
                 "the lease name {} is too long for a file name in {}",
                 crate::names::printable(name),
-                self.c.shown()
+                self.legacy.c.shown()
             ))
         })
     }
@@ -310,7 +313,7 @@ impl SqliteStore {
     async fn conn_to(&mut self, file: &Path, create: bool) -> Result<SqliteConnection, StoreError> {
         match self.conn.take() {
             Some((f, c)) if f == file => Ok(c),
-            _ => self.c.open_file(file, create).await,
+            _ => self.legacy.c.open_file(file, create).await,
         }
     }
 
@@ -372,7 +375,7 @@ impl SqliteStore {
                     }
                     conn = Some(c);
                 }
-                Err(e) => return Err(self.c.classify(what, e)),
+                Err(e) => return Err(self.legacy.c.classify(what, e)),
             }
         }
     }
@@ -387,7 +390,7 @@ impl SqliteStore {
         sqlx::raw_sql("COMMIT")
             .execute(&mut conn)
             .await
-            .map_err(|e| self.c.classify(what, e))?;
+            .map_err(|e| self.legacy.c.classify(what, e))?;
         self.conn = Some((file, conn));
         Ok(())
     }
@@ -409,7 +412,7 @@ impl SqliteStore {
             holder: &key.holder,
             epoch,
         };
-        let shown = self.c.shown();
+        let shown = self.legacy.c.shown();
         let work = async {
             let mut conn = self.begin(&file, &key.name, claim, what).await?;
             let done = sqlx::query(sql)
@@ -421,7 +424,7 @@ impl SqliteStore {
                 .bind(&boot)
                 .execute(&mut conn)
                 .await
-                .map_err(|e| self.c.classify(what, e))?;
+                .map_err(|e| self.legacy.c.classify(what, e))?;
             self.commit(file.clone(), conn, what).await?;
             Ok(done.rows_affected() == 1)
         };
@@ -432,57 +435,56 @@ impl SqliteStore {
     /// in"), called with the lease file's write lock held and no row for
     /// the name in it: `Some(epoch)` to start the lease file's row at, or
     /// `None` while an older leaderrun's row holds the lease.
-    async fn move_in(&self, name: &str, boot: &str) -> Result<Option<i64>, StoreError> {
-        let what = "cannot move a lease out of";
-        let mut conn = loop {
-            match self.c.open_file(&self.c.path, self.c.create).await {
-                Ok(c) => break c,
-                Err(e) if e.may_heal() => {
-                    end_stopped_on_store_file(&self.c.path);
-                    tokio::time::sleep(SLICE).await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
+    async fn move_in(
+        &mut self,
+        name: &str,
+        boot: &str,
+        timeout: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let path = self.legacy.c.path.clone();
         loop {
-            match sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut conn).await {
-                Ok(_) => break,
-                Err(e) if busy(&e) => end_stopped_on_store_file(&self.c.path),
-                Err(e) => return Err(self.c.classify(what, e)),
+            let path = &path;
+            let moved = self
+                .legacy
+                .call(timeout, "cannot move a lease out of", async |conn, _| {
+                    begin_on_store_file(conn, path).await?;
+                    let now = now_ms();
+                    let old = read_state(conn, name).await?;
+                    if let Some(old) = &old {
+                        if old.holder.as_deref() != Some(MOVED) && old.live(now, boot) {
+                            sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await?;
+                            return Ok(None);
+                        }
+                    }
+                    let epoch = old.map_or(0, |o| o.epoch);
+                    sqlx::query(MARK_MOVED_SQL)
+                        .bind(name)
+                        .bind(MOVED)
+                        .bind(epoch)
+                        .bind(now.saturating_add(TEN_YEARS_MS))
+                        .bind(boot)
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::raw_sql("COMMIT").execute(&mut *conn).await?;
+                    Ok(Some(epoch))
+                })
+                .await;
+            match moved {
+                // Opening the file takes locks too (the first opener
+                // rebuilds the WAL index).
+                Err(e) if e.may_heal() && end_stopped_on_store_file(path) => continue,
+                r => return r,
             }
         }
-        let fail = |e| self.c.classify(what, e);
-        let now = now_ms();
-        let old = read_state(&mut conn, name).await.map_err(fail)?;
-        if let Some(old) = &old {
-            if old.holder.as_deref() != Some(MOVED) && old.live(now, boot) {
-                sqlx::raw_sql("ROLLBACK")
-                    .execute(&mut conn)
-                    .await
-                    .map_err(fail)?;
-                return Ok(None);
-            }
-        }
-        let epoch = old.map_or(0, |o| o.epoch);
-        sqlx::query(MARK_MOVED_SQL)
-            .bind(name)
-            .bind(MOVED)
-            .bind(epoch)
-            .bind(now.saturating_add(TEN_YEARS_MS))
-            .bind(boot)
-            .execute(&mut conn)
-            .await
-            .map_err(fail)?;
-        sqlx::raw_sql("COMMIT")
-            .execute(&mut conn)
-            .await
-            .map_err(fail)?;
-        Ok(Some(epoch))
     }
 
     /// A lock-free read of lease `name`: its file's row, else the row an
     /// older leaderrun keeps in the store's file (a moved one reads free).
-    async fn read_one(&mut self, name: &str) -> Result<Option<LeaseInfo>, StoreError> {
+    async fn read_one(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
         let what = "cannot read";
         let boot = boot_id()?;
         let file = self.file(name)?;
@@ -497,59 +499,73 @@ impl SqliteStore {
             .await;
             match row {
                 Ok(Some(r)) => {
-                    let info = lease_info(&r).map_err(|e| self.c.classify(what, e))?;
+                    let info = lease_info(&r).map_err(|e| self.legacy.c.classify(what, e))?;
                     self.conn = Some((file, conn));
                     return Ok(Some(info));
                 }
                 Ok(None) => self.conn = Some((file, conn)),
                 Err(e) if no_table(&e) => {}
-                Err(e) => return Err(self.c.classify(what, e)),
+                Err(e) => return Err(self.legacy.c.classify(what, e)),
             }
         }
-        if !self.c.path.exists() {
+        if !self.legacy.c.path.exists() {
             return Ok(None);
         }
-        let mut conn = self.c.open_file(&self.c.path, false).await?;
-        let row = read_until_answered(&mut conn, || {
-            sqlx::query(INSPECT_SQL)
-                .bind(now_ms())
-                .bind(&boot)
-                .bind(name)
-        })
-        .await
-        .map_err(|e| self.c.classify(what, e))?;
-        row.map(|r| lease_info(&r).map(unmoved))
-            .transpose()
-            .map_err(|e| self.c.classify(what, e))
+        let row = self
+            .legacy
+            .call(timeout, what, async |conn, _| {
+                let row = read_until_answered(conn, || {
+                    sqlx::query(INSPECT_SQL)
+                        .bind(now_ms())
+                        .bind(&boot)
+                        .bind(name)
+                })
+                .await?;
+                row.map(|r| lease_info(&r)).transpose()
+            })
+            .await?;
+        Ok(row.map(unmoved))
     }
 
     /// Every lease, read without a lock: the store's file's rows that were
     /// not moved, then every lease file's, which win.
-    async fn read_all(&mut self) -> Result<Vec<LeaseInfo>, StoreError> {
+    async fn read_all(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
         let what = "cannot read";
         let boot = boot_id()?;
         let mut all = BTreeMap::new();
-        let mut files = Vec::new();
-        if self.c.path.exists() {
-            files.push(self.c.path.clone());
+        if self.legacy.c.path.exists() {
+            let rows = self
+                .legacy
+                .call(timeout, what, async |conn, _| {
+                    let rows = read_all_until_answered(conn, || {
+                        sqlx::query(LIST_SQL).bind(now_ms()).bind(&boot)
+                    })
+                    .await?;
+                    rows.iter().map(lease_info).collect::<Result<Vec<_>, _>>()
+                })
+                .await?;
+            for info in rows {
+                if info.holder.as_deref() != Some(MOVED) {
+                    all.insert(info.name.clone(), info);
+                }
+            }
         }
-        if let Ok(dir) = std::fs::read_dir(lease_dir(&self.c.path)) {
-            let mut lease_files: Vec<PathBuf> = dir
+        let mut files: Vec<PathBuf> = match std::fs::read_dir(lease_dir(&self.legacy.c.path)) {
+            Ok(dir) => dir
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| {
                     p.file_name()
                         .and_then(|n| n.to_str())
                         .is_some_and(|n| n.ends_with(".db") && !n.starts_with('.'))
                 })
-                .collect();
-            lease_files.sort();
-            files.extend(lease_files);
-        }
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        files.sort();
         for file in files {
-            let legacy = file == self.c.path;
             let mut conn = match self.readers.remove(&file) {
                 Some(c) => c,
-                None => self.c.open_file(&file, false).await?,
+                None => self.legacy.c.open_file(&file, false).await?,
             };
             let rows = read_all_until_answered(&mut conn, || {
                 sqlx::query(LIST_SQL).bind(now_ms()).bind(&boot)
@@ -562,13 +578,10 @@ impl SqliteStore {
                 }
                 // A lease file that was created but never got its table.
                 Err(e) if no_table(&e) => Vec::new(),
-                Err(e) => return Err(self.c.classify(what, e)),
+                Err(e) => return Err(self.legacy.c.classify(what, e)),
             };
             for r in &rows {
-                let info = lease_info(r).map_err(|e| self.c.classify(what, e))?;
-                if legacy && info.holder.as_deref() == Some(MOVED) {
-                    continue;
-                }
+                let info = lease_info(r).map_err(|e| self.legacy.c.classify(what, e))?;
                 all.insert(info.name.clone(), info);
             }
         }
@@ -589,7 +602,7 @@ impl SqliteStore {
         }
         let boot = boot_id()?;
         let mut conn = self.begin(&file, name, Claim::Lease, what).await?;
-        let fail = |e| sql::error(&self.c, what, e);
+        let fail = |e| sql::error(&self.legacy.c, what, e);
         let row = read_state(&mut conn, name).await.map_err(fail)?;
         if row.is_none() {
             self.commit(file, conn, what).await?;
@@ -597,7 +610,7 @@ impl SqliteStore {
         }
         let cleared = clear_row(&mut conn, name, epoch, &boot)
             .await
-            .map_err(|e| sql::error(&self.c, what, e))?;
+            .map_err(|e| sql::error(&self.legacy.c, what, e))?;
         self.commit(file, conn, what).await?;
         Ok(Some(cleared))
     }
@@ -608,28 +621,21 @@ impl SqliteStore {
         &mut self,
         name: &str,
         epoch: Option<i64>,
+        timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        let what = "cannot release in";
-        if !self.c.path.exists() {
+        if !self.legacy.c.path.exists() {
             return Ok(None);
         }
         let boot = boot_id()?;
-        let mut conn = self.c.open_file(&self.c.path, false).await?;
-        loop {
-            match sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut conn).await {
-                Ok(_) => break,
-                Err(e) if busy(&e) => end_stopped_on_store_file(&self.c.path),
-                Err(e) => return Err(self.c.classify(what, e)),
-            }
-        }
-        let cleared = clear_row(&mut conn, name, epoch, &boot)
+        let path = self.legacy.c.path.clone();
+        self.legacy
+            .call(timeout, "cannot release in", async |conn, _| {
+                begin_on_store_file(conn, &path).await?;
+                let cleared = clear_row(conn, name, epoch, &boot).await?;
+                sqlx::raw_sql("COMMIT").execute(&mut *conn).await?;
+                Ok(cleared)
+            })
             .await
-            .map_err(|e| self.c.classify(what, e))?;
-        sqlx::raw_sql("COMMIT")
-            .execute(&mut conn)
-            .await
-            .map_err(|e| self.c.classify(what, e))?;
-        Ok(cleared)
     }
 }
 
@@ -831,15 +837,33 @@ async fn unblock(
 /// yet, so it is ended. It holds nothing of value there: a leaderrun of
 /// this release only marks rows moved, and an older one is ended as a
 /// kill -9 would end it (its watchdog hands its lease back).
-fn end_stopped_on_store_file(db: &Path) {
-    if let Some(pid) = stopped::stopped_holder(db) {
-        if stopped::end(db, pid) {
-            tracing::warn!(
-                event = "store_stopped_holder",
-                pid,
-                "ended leaderrun pid {pid}: it was stopped while it held the write lock of {}",
-                db.display()
-            );
+fn end_stopped_on_store_file(db: &Path) -> bool {
+    let Some(pid) = stopped::stopped_holder(db) else {
+        return false;
+    };
+    if !stopped::end(db, pid) {
+        return false;
+    }
+    tracing::warn!(
+        event = "store_stopped_holder",
+        pid,
+        "ended leaderrun pid {pid}: it was stopped while it held the write lock of {}",
+        db.display()
+    );
+    true
+}
+
+/// `BEGIN IMMEDIATE` on the store's own file, a [`SLICE`] at a time, a
+/// stopped leaderrun in the way ended (`end_stopped_on_store_file`); the
+/// caller's timeout bounds the wait.
+async fn begin_on_store_file(conn: &mut SqliteConnection, db: &Path) -> Result<(), sqlx::Error> {
+    loop {
+        match sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await {
+            Ok(_) => return Ok(()),
+            Err(e) if busy(&e) => {
+                end_stopped_on_store_file(db);
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -982,7 +1006,7 @@ impl Backend for SqliteStore {
         let ms = millis(lease);
         let boot = boot_id()?;
         let file = self.file(&key.name)?;
-        let shown = self.c.shown();
+        let shown = self.legacy.c.shown();
         let work = async {
             let Some(mut conn) = self
                 .begin_or_held(&file, &key.name, Claim::Lease, what, true)
@@ -990,14 +1014,14 @@ impl Backend for SqliteStore {
             else {
                 return Ok(None);
             };
-            let fail = |e| sql::error(&self.c, what, e);
+            let fail = |e| sql::error(&self.legacy.c, what, e);
             if read_state(&mut conn, &key.name)
                 .await
                 .map_err(fail)?
                 .is_none()
             {
                 // First use of the name in its file: move it in.
-                let Some(epoch) = self.move_in(&key.name, &boot).await? else {
+                let Some(epoch) = self.move_in(&key.name, &boot, timeout).await? else {
                     self.commit(file.clone(), conn, what).await?;
                     return Ok(None);
                 };
@@ -1007,7 +1031,7 @@ impl Backend for SqliteStore {
                     .bind(&boot)
                     .execute(&mut conn)
                     .await
-                    .map_err(|e| sql::error(&self.c, what, e))?;
+                    .map_err(|e| sql::error(&self.legacy.c, what, e))?;
             }
             let row = sqlx::query(ACQUIRE_SQL)
                 .bind(&key.name)
@@ -1018,7 +1042,7 @@ impl Backend for SqliteStore {
                 .fetch_optional(&mut conn)
                 .await
                 .and_then(|row| row.map(|r| r.try_get::<i64, _>(0)).transpose())
-                .map_err(|e| sql::error(&self.c, what, e))?;
+                .map_err(|e| sql::error(&self.legacy.c, what, e))?;
             self.commit(file.clone(), conn, what).await?;
             Ok(row)
         };
@@ -1053,7 +1077,7 @@ impl Backend for SqliteStore {
             .await?;
         // After the commit: a waiter woken now finds the lease free.
         if freed && keep.is_zero() {
-            touch(&self.c.path, &key.name);
+            touch(&self.legacy.c.path, &key.name);
         }
         Ok(freed)
     }
@@ -1063,12 +1087,12 @@ impl Backend for SqliteStore {
         name: &str,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        let shown = self.c.shown();
-        bounded(&shown, timeout, self.read_one(name)).await
+        let shown = self.legacy.c.shown();
+        bounded(&shown, timeout, self.read_one(name, timeout)).await
     }
 
     fn describe(&self) -> String {
-        self.c.shown()
+        self.legacy.c.shown()
     }
 
     async fn replication(&mut self, _timeout: Duration) -> Result<super::Replication, StoreError> {
@@ -1087,7 +1111,7 @@ impl Backend for SqliteStore {
 
     fn wakeups(&self, name: &str) -> Option<Subscription> {
         Some(Subscription::Sqlite(FileWakeups::new(
-            self.c.path.clone(),
+            self.legacy.c.path.clone(),
             name,
         )))
     }
@@ -1097,13 +1121,15 @@ impl Backend for SqliteStore {
     }
 
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
-        let shown = self.c.shown();
+        let shown = self.legacy.c.shown();
         let work = async {
-            drop(self.c.open_file(&self.c.path, true).await?);
-            make_lease_dir(&self.c.path, self.c.create).map_err(|e| {
+            self.legacy
+                .call(timeout, "cannot use", async |_, _| Ok(()))
+                .await?;
+            make_lease_dir(&self.legacy.c.path, self.legacy.c.create).map_err(|e| {
                 StoreError::fatal(format!(
                     "cannot create the lease directory {}: {e}",
-                    lease_dir(&self.c.path).display()
+                    lease_dir(&self.legacy.c.path).display()
                 ))
                 .with_source(e)
             })?;
@@ -1113,8 +1139,8 @@ impl Backend for SqliteStore {
     }
 
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
-        let shown = self.c.shown();
-        bounded(&shown, timeout, self.read_all()).await
+        let shown = self.legacy.c.shown();
+        bounded(&shown, timeout, self.read_all(timeout)).await
     }
 
     async fn clear(
@@ -1123,16 +1149,16 @@ impl Backend for SqliteStore {
         epoch: Option<i64>,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        let shown = self.c.shown();
+        let shown = self.legacy.c.shown();
         let work = async {
             match self.clear_file(name, epoch).await? {
                 Some(cleared) => Ok(cleared),
-                None => self.clear_legacy(name, epoch).await,
+                None => self.clear_legacy(name, epoch, timeout).await,
             }
         };
         let cleared = bounded(&shown, timeout, work).await?;
         if cleared.is_some() {
-            touch(&self.c.path, name);
+            touch(&self.legacy.c.path, name);
         }
         Ok(cleared)
     }
