@@ -38,18 +38,22 @@ use std::path::Path;
 use nix::errno::Errno;
 use nix::libc;
 
-/// The pid of another process that holds a write lock on `db` or on its
-/// `-shm` file (SQLite's write lock in WAL mode is a byte of the `-shm`
-/// file; creating the file and switching it to WAL lock the file itself).
+/// SQLite's WAL write lock: byte 120 of the `-shm` file (its unix VFS puts
+/// the eight WAL locks at 120..127, `WAL_WRITE_LOCK` first). Rebuilding
+/// the WAL index takes it too.
+const WAL_WRITE_BYTE: u64 = 120;
+
+/// The pid of another process that holds SQLite's write lock on `db`: the
+/// WAL write lock in its `-shm` file, or a write lock on the file itself
+/// (creating it and switching it to WAL mode take one). Not the other WAL
+/// locks: a checkpoint's lock, held by a process stopped while it copies
+/// the WAL back, holds up no writer.
 pub(super) fn write_lock_holder(db: &Path) -> Option<i32> {
     let mut shm = db.as_os_str().to_owned();
     shm.push("-shm");
-    let ids: Vec<(u64, u64)> = [db, Path::new(&shm)]
-        .iter()
-        .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| (m.dev(), m.ino()))
-        .collect();
-    if ids.is_empty() {
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let (db_id, shm_id) = (id(db), id(Path::new(&shm)));
+    if db_id.is_none() && shm_id.is_none() {
         return None;
     }
     let locks = std::fs::read_to_string("/proc/locks").ok()?;
@@ -57,7 +61,14 @@ pub(super) fn write_lock_holder(db: &Path) -> Option<i32> {
     locks
         .lines()
         .filter_map(parse_lock)
-        .find(|l| l.write && l.pid != me && ids.contains(&(l.dev, l.ino)))
+        .filter(|l| l.write && l.pid != me)
+        .find(|l| {
+            let on = Some((l.dev, l.ino));
+            on == db_id
+                || (on == shm_id
+                    && l.start <= WAL_WRITE_BYTE
+                    && l.end.is_none_or(|e| e >= WAL_WRITE_BYTE))
+        })
         .map(|l| l.pid)
 }
 
@@ -66,6 +77,9 @@ struct LockLine {
     pid: i32,
     dev: u64,
     ino: u64,
+    start: u64,
+    /// `None`: to the end of the file.
+    end: Option<u64>,
 }
 
 /// One line of `/proc/locks`: `1: POSIX  ADVISORY  WRITE 1234 08:01:5678 120 120`.
@@ -81,11 +95,18 @@ fn parse_lock(line: &str) -> Option<LockLine> {
     let major = u32::from_str_radix(id.next()?, 16).ok()?;
     let minor = u32::from_str_radix(id.next()?, 16).ok()?;
     let ino: u64 = id.next()?.parse().ok()?;
+    let start: u64 = f.get(6)?.parse().ok()?;
+    let end = match *f.get(7)? {
+        "EOF" => None,
+        e => Some(e.parse().ok()?),
+    };
     Some(LockLine {
         write: f.get(3) == Some(&"WRITE"),
         pid,
         dev: libc::makedev(major, minor),
         ino,
+        start,
+        end,
     })
 }
 
@@ -183,10 +204,11 @@ mod tests {
     fn lock_lines_are_read_and_waiters_skipped() {
         let l = parse_lock("1: POSIX  ADVISORY  WRITE 1234 08:01:5678 120 120").unwrap();
         assert!(l.write);
-        assert_eq!((l.pid, l.ino), (1234, 5678));
+        assert_eq!((l.pid, l.ino, l.start, l.end), (1234, 5678, 120, Some(120)));
         assert_eq!(l.dev, libc::makedev(8, 1));
-        let l = parse_lock("2: POSIX  ADVISORY  READ 99 00:2a:7 128 128").unwrap();
+        let l = parse_lock("2: POSIX  ADVISORY  READ 99 00:2a:7 1073741826 EOF").unwrap();
         assert!(!l.write);
+        assert_eq!((l.start, l.end), (1073741826, None));
         assert_eq!(l.dev, libc::makedev(0, 0x2a));
         assert!(parse_lock("1: -> POSIX  ADVISORY  WRITE 1235 08:01:5678 120 120").is_none());
         assert!(parse_lock("3: OFDLCK ADVISORY  WRITE -1 08:01:5678 0 EOF").is_none());
