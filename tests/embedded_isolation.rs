@@ -154,8 +154,8 @@ fn end(child: &mut Child) {
 
 /// A run under another name keeps its lease through a whole lease and more
 /// (every renewal goes through), a new run under a third name starts at
-/// once, and `status` answers, while a leaderrun stays stopped holding the
-/// write lock. On a single file for every lease, the first lost its lease
+/// once, and `status` and `watch` answer, while a leaderrun stays stopped
+/// holding the write lock. On a single file for every lease, the first lost its lease
 /// at `G` (exit 75) and the second waited 10 s for "no answer" (exit 125).
 #[test]
 fn a_stopped_leaderrun_holds_up_no_other_lease() {
@@ -201,6 +201,12 @@ fn a_stopped_leaderrun_holds_up_no_other_lease() {
     assert_eq!((r.code, r.stdout.trim()), (Some(0), "ran"), "{}", r.stderr);
     assert!(took < L, "a run of another name took {took:?}");
 
+    // `watch` of every lease, started now and kept until the end.
+    let watch_log = dir.file("watch.log");
+    let mut c = leaderrun();
+    c.args(["--store", &url, "watch", "--retry", "200ms"]);
+    let mut watch = spawn(c, &watch_log);
+
     // `status` reads every lease, the stopped one's included.
     let t0 = Instant::now();
     let mut c = leaderrun();
@@ -230,6 +236,16 @@ fn a_stopped_leaderrun_holds_up_no_other_lease() {
     let r = run(c);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(r.stdout.contains("held"), "{}", r.stdout);
+
+    // The watcher saw every lease and never went blind.
+    signal(watch.id(), Signal::SIGTERM);
+    wait_exit(&mut watch, 5 * R);
+    let seen = read(&watch_log);
+    assert!(
+        seen.contains("victim") && seen.contains("frozen") && seen.contains("unrelated"),
+        "{seen}"
+    );
+    assert!(!seen.contains("did not answer"), "{seen}");
 
     // Nobody needed the stopped run's own file: it was left alone.
     assert!(stopped(frozen.id()) && holds_a_write_lock(frozen.id()));
