@@ -255,9 +255,7 @@ impl Real {
             t
         })
     }
-}
 
-impl Real {
     /// The log line for a SIGTERM the watchdog sent itself.
     fn said_terminate(&self, stopping: bool) {
         let epoch = self.o.epoch;
@@ -420,7 +418,7 @@ impl World for Real {
 /// so it is ended as a kill -9 would end it, and the watchdog's own path
 /// after leaderrun's death stops the command and hands the lease back: a
 /// rival leads at about `G`, not at the lease's end (docs/stores.md, "The
-/// embedded store's files"). A leaderrun stopped anywhere else is left
+/// embedded store in detail"). A leaderrun stopped anywhere else is left
 /// alone: it holds up nobody, and after SIGCONT its run ends as a loss.
 fn end_stopped_leaderrun(o: &Orders, pid: i32) {
     if pid <= 0 {

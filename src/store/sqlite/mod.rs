@@ -16,7 +16,7 @@
 //! it for as long as it stays stopped; with one file for every lease, that
 //! stopped every other lease on the host. Now it can only hold up its own
 //! lease, and there it is ended by whoever has a better claim to the file
-//! (`may_end`, stopped.rs). docs/stores.md, "The embedded store's files",
+//! (`may_end`, stopped.rs). docs/stores.md, "The embedded store in detail",
 //! gives the reasoning and the bounds.
 //!
 //! **Writes** run in `BEGIN IMMEDIATE`, which takes the file's write lock
