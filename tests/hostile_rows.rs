@@ -58,7 +58,7 @@ fn an_absurd_min_hold_is_refused_and_the_longest_is_clamped_on_write() {
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     // Stored as an integer, not a REAL from an overflow.
     let kind = sqlite_value(
-        &dir.file("l.db"),
+        &dir.file("l.db-leases/long.db"),
         "SELECT typeof(expires_at) || ' ' || (expires_at > 30000000000)
            FROM leader_lease WHERE name = 'long'",
     );

@@ -13,6 +13,7 @@ mod chaos;
 mod check_in_command;
 mod conformance;
 mod embedded;
+mod embedded_isolation;
 mod failover_etcd;
 mod failover_postgres;
 mod failover_redis;

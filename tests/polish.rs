@@ -350,7 +350,7 @@ fn the_status_table_is_for_humans() {
     }
     // A row written by hand: a newline and a right-to-left override.
     sql(
-        &dir.file("leases.db"),
+        &dir.file("leases.db-leases/c.db"),
         "UPDATE leader_lease SET holder = 'evil' || char(10) || 'x' || char(8238) || 'txt.exe' WHERE name = 'c'",
     );
     let r = args(&["status", "--store", &s]);

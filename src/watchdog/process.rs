@@ -162,6 +162,7 @@ pub fn main() -> i32 {
         leaderrun,
         token: TermToken::from_fd(token_fd),
         me: std::process::id() as i32,
+        lr_pid: pid,
     };
     let now = boottime_now;
     if let Flow::Exit(code) = machine::run(&mut m, &mut w, &now, Input::Start(start.said)) {
@@ -234,6 +235,9 @@ struct Real {
     leaderrun: Option<Held>,
     token: TermToken,
     me: i32,
+    /// leaderrun's pid (from argv), to end it when it is stopped holding
+    /// its lease's file (`end_stopped_leaderrun`).
+    lr_pid: i32,
 }
 
 impl Real {
@@ -250,6 +254,26 @@ impl Real {
             t.token = token;
             t
         })
+    }
+
+    /// The log line for a SIGTERM the watchdog sent itself.
+    fn said_terminate(&self, stopping: bool) {
+        let epoch = self.o.epoch;
+        if stopping {
+            tracing::warn!(
+                event = "watchdog_stop",
+                epoch,
+                "leaderrun said it was stopping the command but sent no SIGTERM \
+                 (frozen?): SIGTERM to the command"
+            );
+        } else {
+            tracing::warn!(
+                event = "watchdog_stop",
+                epoch,
+                "no renewal reached the watchdog before the give-up deadline \
+                 (leaderrun frozen or blocked?): SIGTERM to the command"
+            );
+        }
     }
 }
 
@@ -294,28 +318,13 @@ impl World for Real {
     }
 
     fn terminate(&mut self, stopping: bool) {
-        let epoch = self.o.epoch;
         // Tried even after `stopping`: should leaderrun have frozen between
         // saying so and sending its SIGTERM, the token is still there and
         // the command still gets exactly one.
-        if !self.tree().terminate() {
-            return;
+        if self.tree().terminate() {
+            self.said_terminate(stopping);
         }
-        if stopping {
-            tracing::warn!(
-                event = "watchdog_stop",
-                epoch,
-                "leaderrun said it was stopping the command but sent no SIGTERM \
-                 (frozen?): SIGTERM to the command"
-            );
-        } else {
-            tracing::warn!(
-                event = "watchdog_stop",
-                epoch,
-                "no renewal reached the watchdog before the give-up deadline \
-                 (leaderrun frozen or blocked?): SIGTERM to the command"
-            );
-        }
+        end_stopped_leaderrun(&self.o, self.lr_pid);
     }
 
     fn kill(&mut self, report: bool) {
@@ -402,6 +411,37 @@ impl World for Real {
     }
 }
 
+/// The give-up deadline has passed without a renewal: if leaderrun is
+/// stopped while it holds its lease's file on the embedded store (a SIGSTOP
+/// in the half millisecond of a renewal), nobody can use that lease until it
+/// is continued, which may be never. Its lease is lost from now on anyway,
+/// so it is ended as a kill -9 would end it, and the watchdog's own path
+/// after leaderrun's death stops the command and hands the lease back: a
+/// rival leads at about `G`, not at the lease's end (docs/stores.md, "The
+/// embedded store in detail"). A leaderrun stopped anywhere else is left
+/// alone: it holds up nobody, and after SIGCONT its run ends as a loss.
+fn end_stopped_leaderrun(o: &Orders, pid: i32) {
+    if pid <= 0 {
+        return;
+    }
+    let store = crate::store::resolve(
+        o.store.clone().map(crate::redact::Secret::into_exposed),
+        o.origin,
+        "leaderrun watchdog",
+        o.timing.call_cap(),
+    );
+    if let Ok(crate::store::Store::Sqlite(s)) = store {
+        if s.end_stopped_holder(&o.name, pid) {
+            tracing::warn!(
+                event = "watchdog_stop",
+                epoch = o.epoch,
+                "leaderrun was stopped while it held the file of lease {}: ended, so that the lease can be handed back",
+                o.name
+            );
+        }
+    }
+}
+
 /// Why the watchdog could not try to hand the lease back.
 #[derive(Debug, thiserror::Error)]
 enum ReleaseError {
@@ -464,6 +504,7 @@ mod tests {
             leaderrun: None,
             token,
             me: std::process::id() as i32,
+            lr_pid: 0,
         }
     }
 

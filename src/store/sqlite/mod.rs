@@ -1,4 +1,4 @@
-//! The embedded store: a SQLite file, for one host and no server.
+//! The embedded store: SQLite files, for one host and no server.
 //!
 //! There is no server clock here, and the wall clock can be stepped by hours
 //! (NTP, `date -s`, a VM restored from a snapshot). So expiry is kept on
@@ -8,27 +8,52 @@
 //! boot id differs from the current one is free: after a reboot no holder's
 //! process can still be running.
 //!
-//! Every call runs in `BEGIN IMMEDIATE`, which takes the database's write
-//! lock *before* reading. Racing processes queue on that lock (bounded by the
-//! busy timeout, itself bounded by the give-up interval) instead of reading a
-//! snapshot and failing to upgrade it, and "now" is read from the boot clock
-//! after the lock is held. WAL mode keeps other readers of the file (the
-//! sqlite3 shell, a backup) from blocking or being blocked.
+//! **A file per lease.** The store's file (`leases.db`, or the path of a
+//! `sqlite://` URL) no longer holds the leases: each lease has a file of its
+//! own, `leases.db-leases/NAME.db` (path.rs, `lease_file`), with the same
+//! table. A SQLite write lock is the whole file's, and a process stopped
+//! (SIGSTOP, Ctrl-Z, a debugger, a frozen cgroup) while it holds one keeps
+//! it for as long as it stays stopped; with one file for every lease, that
+//! stopped every other lease on the host. Now it can only hold up its own
+//! lease, and there it is ended by whoever has a better claim to the file
+//! (`may_end`, stopped.rs). docs/stores.md, "The embedded store in detail",
+//! gives the reasoning and the bounds.
+//!
+//! **Writes** run in `BEGIN IMMEDIATE`, which takes the file's write lock
+//! *before* reading. Racing processes queue on that lock instead of reading
+//! a snapshot and failing to upgrade it, and "now" is read from the boot
+//! clock after the lock is held. SQLite waits for the lock [`SLICE`] at a
+//! time; between slices the caller looks at who holds it (`unblock`).
+//! **Reads** (`inspect`, `list`) take no lock at all: in WAL mode a reader
+//! sees the last commit while a writer, stopped or not, holds the write
+//! lock, so `status`, `watch` and a waiter's look at the lease are never
+//! held up by a stopped writer.
 //! `synchronous = NORMAL` can lose the last commits on power loss only, and a
 //! power loss is a reboot, after which every lease is free anyway.
 //!
-//! Each run opens the file, writes twice and closes it. By default SQLite's
-//! last connection to close copies the WAL into the database, fsyncs both
-//! and deletes the WAL, which the next run creates again: fsyncs on every
-//! run that no clause of the contract needs (a lost commit is the power-loss
-//! case above). So the WAL is kept at close (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`)
-//! and copied back only once it holds `wal_autocheckpoint` pages, by the
-//! commit that crosses that mark; kept small, so that the next opener's
-//! scan of it (SQLite rebuilds its index when it is the first to open the
-//! file) stays short.
+//! **Moving in.** A lease that was never used under this layout may still
+//! have a row in the store's file, written by an older leaderrun, which may
+//! even be running and holding it during a package upgrade. The first
+//! acquisition of the name moves it, under both files' write locks: while
+//! the old row is held and live, the lease is held (and read from there);
+//! otherwise the old row is marked moved for good (a holder that no older
+//! leaderrun takes, for ten years of uptime) and the lease file's row starts
+//! at the old epoch, so no epoch is handed out twice and an older leaderrun
+//! can no longer acquire the name.
+//!
+//! Each run opens its lease's file, writes twice and closes it. By default
+//! SQLite's last connection to close copies the WAL into the database,
+//! fsyncs both and deletes the WAL, which the next run creates again: fsyncs
+//! on every run that no clause of the contract needs (a lost commit is the
+//! power-loss case above). So the WAL is kept at close
+//! (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`) and copied back only once it holds
+//! `wal_autocheckpoint` pages, by the commit that crosses that mark; kept
+//! small, so that the next opener's scan of it (SQLite rebuilds its index
+//! when it is the first to open the file) stays short.
 
 use crate::store::UrlError;
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -37,10 +62,11 @@ use sqlx::{ConnectOptions, Connection, Row};
 use tokio::time::Instant;
 
 mod path;
+mod stopped;
 pub(crate) mod wake;
 
-pub use self::path::default_path;
-use self::path::{create_private_dir, why_unopenable};
+use self::path::{create_private_dir, make_lease_dir, why_unopenable};
+pub use self::path::{default_path, lease_dir, lease_file};
 
 use self::wake::{touch, FileWakeups};
 use super::session::{Connect, Session};
@@ -64,6 +90,18 @@ pub const SCHEMA: Schema = Schema {
     dialect: "SQLite (the embedded store; leaderrun creates it by itself)",
     sql: TABLE_SQL,
 };
+
+/// The holder of a row in the store's file whose lease moved to a file of
+/// its own. An older leaderrun reads it as held (for ten years of uptime),
+/// and its `status` shows why.
+pub const MOVED: &str = "(moved to a file of its own by a newer leaderrun)";
+
+/// How long SQLite waits for a lock by itself before the caller looks at
+/// who holds it: a live writer holds it for well under a millisecond.
+const SLICE: Duration = Duration::from_millis(25);
+
+/// Ten years in ms: how long a moved row stays held for an older leaderrun.
+const TEN_YEARS_MS: i64 = 315_360_000_000;
 
 // SQLite stores whatever it is given in any column, so a row written by hand
 // (or by an older leaderrun that did not clamp) may hold a REAL, a huge
@@ -109,20 +147,74 @@ const LIST_SQL: &str = concat!("SELECT ", columns!(), " FROM leader_lease ORDER 
 const CLEARABLE_SQL: &str = concat!(
     "SELECT ",
     columns!(),
-    " FROM leader_lease WHERE name = ?3 AND holder IS NOT NULL
+    " FROM leader_lease WHERE name = ?3 AND holder IS NOT NULL AND holder IS NOT ?5
         AND (?4 IS NULL OR CAST(epoch AS INTEGER) = ?4)"
 );
+const CLEAR_SQL: &str = "UPDATE leader_lease SET holder = NULL, expires_at = ?2 WHERE name = ?1";
+
+// ?1 name: holder, epoch, expiry (boot ms) and boot id, as the lock rules
+// and the move read them.
+const STATE_SQL: &str = "SELECT CAST(holder AS TEXT), CAST(epoch AS INTEGER),
+        CAST(expires_at AS INTEGER), CAST(boot_id AS TEXT)
+   FROM leader_lease WHERE name = ?1";
+
+// ?1 name, ?2 moved marker, ?3 epoch, ?4 expiry, ?5 boot id
+const MARK_MOVED_SQL: &str = "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id)
+     VALUES (?1, ?2, ?3, ?4, ?5)
+     ON CONFLICT (name) DO UPDATE
+        SET holder = excluded.holder, epoch = excluded.epoch,
+            expires_at = excluded.expires_at, boot_id = excluded.boot_id";
+
+// ?1 name, ?2 epoch, ?3 boot id: a free lease at the moved epoch.
+const MOVE_IN_SQL: &str = "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id)
+     VALUES (?1, NULL, ?2, 0, ?3)";
 
 pub struct SqliteStore {
-    s: Session<Lite>,
+    /// The store's own file, one connection kept between calls (used to
+    /// move leases out of it, and to read and release the leases an older
+    /// leaderrun keeps there); its `c` is the store's settings.
+    legacy: Session<Lite>,
+    /// One lease file's connection, kept between calls (a `Lock` uses one
+    /// name, so a run opens its file once); dropped when a call failed.
+    conn: Option<(PathBuf, SqliteConnection)>,
+    /// The connections `list` read every file through, kept for the next
+    /// `list` (`watch` lists every `--retry`): the first process to open a
+    /// file that nobody has open rebuilds its WAL index, under the file's
+    /// write lock, and a watcher need not do that for every lease at
+    /// every look.
+    readers: BTreeMap<PathBuf, SqliteConnection>,
 }
 
-/// The file, and what is learnt once per process.
+/// The store's file, and what is learnt once per process.
 struct Lite {
     path: PathBuf,
-    busy: Duration,
-    /// `mode=rw` in the URL: use an existing file, never create one.
+    /// `mode=rw` in the URL: use an existing store file, never create one.
     create: bool,
+}
+
+/// Who asks for a lease file's write lock, which decides whether a stopped
+/// leaderrun holding it may be ended (`may_end`).
+#[derive(Clone, Copy)]
+enum Claim<'a> {
+    /// A contender or an operator: only once the lease is free or over.
+    Lease,
+    /// The lease's current grant (renew, release): also while it is ours.
+    Grant { holder: &'a str, epoch: i64 },
+}
+
+/// A lease row's state as the lock rules read it.
+struct State {
+    holder: Option<String>,
+    epoch: i64,
+    expires_at: i64,
+    boot: String,
+}
+
+impl State {
+    /// Held by someone, from this boot, and not over at `now`.
+    fn live(&self, now: i64, boot: &str) -> bool {
+        self.holder.is_some() && self.boot == boot && self.expires_at > now
+    }
 }
 
 /// The registry's constructor for `sqlite:///absolute/path`.
@@ -150,14 +242,14 @@ pub fn open(t: &Target<'_>) -> Result<Store, UrlError> {
             ),
         }
     }
-    let mut store = SqliteStore::new(path, t.call_timeout);
-    store.s.c.create = create;
+    let mut store = SqliteStore::new(path);
+    store.legacy.c.create = create;
     Ok(Store::Sqlite(store))
 }
 
 /// The embedded default store (no store configured).
-pub fn open_default(busy: Duration) -> Result<Store, ResolveError> {
-    Ok(Store::Sqlite(SqliteStore::new(default_path()?, busy)))
+pub fn open_default(_busy: Duration) -> Result<Store, ResolveError> {
+    Ok(Store::Sqlite(SqliteStore::new(default_path()?)))
 }
 
 /// The kernel's boot id, read once per process (it cannot change while we run).
@@ -179,20 +271,133 @@ fn now_ms() -> i64 {
     millis(BootClock.now().since_origin())
 }
 
+/// Whether `e` is SQLite's "another process holds the lock".
+fn busy(e: &sqlx::Error) -> bool {
+    <Lite as Dialect>::may_heal(e)
+}
+
 impl SqliteStore {
-    /// `busy` bounds how long a call waits for another process's write lock.
-    fn new(path: PathBuf, busy: Duration) -> SqliteStore {
+    fn new(path: PathBuf) -> SqliteStore {
         SqliteStore {
-            s: Session::new(Lite {
-                path,
-                busy,
-                create: true,
-            }),
+            legacy: Session::new(Lite { path, create: true }),
+            conn: None,
+            readers: BTreeMap::new(),
         }
     }
 
+    /// End `pid` if it is a leaderrun stopped while it holds the write
+    /// lock of lease `name`'s file: for the watchdog, whose leaderrun's
+    /// lease is lost once the give-up deadline has passed
+    /// (watchdog/process.rs, `end_stopped_leaderrun`). True when ended.
+    pub fn end_stopped_holder(&self, name: &str, pid: i32) -> bool {
+        match lease_file(&self.legacy.c.path, name) {
+            Some(file) => stopped::stopped_holder(&file) == Some(pid) && stopped::end(&file, pid),
+            None => false,
+        }
+    }
+
+    /// The file of lease `name`; a name no file can be named after (only
+    /// a row written by hand can hold one) is refused.
+    fn file(&self, name: &str) -> Result<PathBuf, StoreError> {
+        lease_file(&self.legacy.c.path, name).ok_or_else(|| {
+            StoreError::fatal(format!(
+                "the lease name {} is too long for a file name in {}",
+                crate::names::printable(name),
+                self.legacy.c.shown()
+            ))
+        })
+    }
+
+    /// A connection to `file`: the kept one, or a new one (the file created
+    /// when `create`).
+    async fn conn_to(&mut self, file: &Path, create: bool) -> Result<SqliteConnection, StoreError> {
+        match self.conn.take() {
+            Some((f, c)) if f == file => Ok(c),
+            _ => self.legacy.c.open_file(file, create).await,
+        }
+    }
+
+    /// `BEGIN IMMEDIATE` on lease file `file` (created if missing), waiting
+    /// for the write lock a [`SLICE`] at a time; between slices a stopped
+    /// leaderrun that holds it is ended when `claim` allows (`may_end`).
+    /// The caller's timeout bounds the whole wait.
+    async fn begin(
+        &mut self,
+        file: &Path,
+        name: &str,
+        claim: Claim<'_>,
+        what: &str,
+    ) -> Result<SqliteConnection, StoreError> {
+        // Never `None`: `held` is answered only when asked for.
+        self.begin_or_held(file, name, claim, what, false)
+            .await?
+            .ok_or_else(|| StoreError::unavailable(format!("{what} the store: its file is held")))
+    }
+
+    /// [`Self::begin`]; with `held_answers`, `None` instead of waiting when
+    /// a stopped leaderrun holds the file and the lease is live by its last
+    /// commit: an acquisition then has its answer (the lease was held at an
+    /// instant of the call), and a contender goes on to wait for the
+    /// lease's end by the store's clock instead of a lock that may never be
+    /// let go.
+    async fn begin_or_held(
+        &mut self,
+        file: &Path,
+        name: &str,
+        claim: Claim<'_>,
+        what: &str,
+        held_answers: bool,
+    ) -> Result<Option<SqliteConnection>, StoreError> {
+        let mut conn = None;
+        loop {
+            let mut c = match conn.take() {
+                Some(c) => c,
+                None => match self.conn_to(file, true).await {
+                    Ok(c) => c,
+                    Err(e) if e.may_heal() => {
+                        // Opening takes locks too (the first opener rebuilds
+                        // the WAL index): the same rules apply.
+                        let _ = unblock(file, None, name, claim).await;
+                        tokio::time::sleep(SLICE).await;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                },
+            };
+            match sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut c).await {
+                Ok(_) => return Ok(Some(c)),
+                Err(e) if busy(&e) => {
+                    if unblock(file, Some(&mut c), name, claim).await == Blocked::ByLiveLease
+                        && held_answers
+                    {
+                        self.conn = Some((file.to_path_buf(), c));
+                        return Ok(None);
+                    }
+                    conn = Some(c);
+                }
+                Err(e) => return Err(self.legacy.c.classify(what, e)),
+            }
+        }
+    }
+
+    /// `COMMIT`, and keep the connection for the next call.
+    async fn commit(
+        &mut self,
+        file: PathBuf,
+        mut conn: SqliteConnection,
+        what: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::raw_sql("COMMIT")
+            .execute(&mut conn)
+            .await
+            .map_err(|e| self.legacy.c.classify(what, e))?;
+        self.conn = Some((file, conn));
+        Ok(())
+    }
+
     /// Renew and release: one UPDATE naming name, holder, epoch and boot,
-    /// with now and a duration in ms; true when it matched the lease.
+    /// with now and a duration in ms; true when it matched the lease. A
+    /// lease whose file has no row is not ours.
     async fn update(
         &mut self,
         sql: &'static str,
@@ -201,52 +406,495 @@ impl SqliteStore {
         timeout: Duration,
     ) -> Result<bool, StoreError> {
         let ms = millis(d);
-        self.write(timeout, what, async |c, now, boot| {
+        let boot = boot_id()?;
+        let file = self.file(&key.name)?;
+        let claim = Claim::Grant {
+            holder: &key.holder,
+            epoch,
+        };
+        let shown = self.legacy.c.shown();
+        let work = async {
+            let mut conn = self.begin(&file, &key.name, claim, what).await?;
             let done = sqlx::query(sql)
                 .bind(&key.name)
                 .bind(&key.holder)
                 .bind(epoch)
-                .bind(now)
+                .bind(now_ms())
                 .bind(ms)
-                .bind(boot)
-                .execute(c)
-                .await?;
+                .bind(&boot)
+                .execute(&mut conn)
+                .await
+                .map_err(|e| self.legacy.c.classify(what, e))?;
+            self.commit(file.clone(), conn, what).await?;
             Ok(done.rows_affected() == 1)
-        })
-        .await
+        };
+        bounded(&shown, timeout, work).await
     }
 
-    /// Run one statement in a `BEGIN IMMEDIATE` transaction. `now` (boot
-    /// clock, ms) is read once the write lock is held.
-    async fn write<T>(
+    /// Move lease `name` out of the store's file (module docs, "Moving
+    /// in"), called with the lease file's write lock held and no row for
+    /// the name in it: `Some(epoch)` to start the lease file's row at, or
+    /// `None` while an older leaderrun's row holds the lease.
+    async fn move_in(
         &mut self,
+        name: &str,
+        boot: &str,
         timeout: Duration,
-        what: &str,
-        f: impl AsyncFnOnce(&mut SqliteConnection, i64, String) -> Result<T, sqlx::Error>,
-    ) -> Result<T, StoreError> {
+    ) -> Result<Option<i64>, StoreError> {
+        let path = self.legacy.c.path.clone();
+        loop {
+            let path = &path;
+            let moved = self
+                .legacy
+                .call(timeout, "cannot move a lease out of", async |conn, _| {
+                    begin_on_store_file(conn, path).await?;
+                    let now = now_ms();
+                    let old = read_state(conn, name).await?;
+                    if let Some(old) = &old {
+                        if old.holder.as_deref() != Some(MOVED) && old.live(now, boot) {
+                            sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await?;
+                            return Ok(None);
+                        }
+                    }
+                    let epoch = old.map_or(0, |o| o.epoch);
+                    sqlx::query(MARK_MOVED_SQL)
+                        .bind(name)
+                        .bind(MOVED)
+                        .bind(epoch)
+                        .bind(now.saturating_add(TEN_YEARS_MS))
+                        .bind(boot)
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::raw_sql("COMMIT").execute(&mut *conn).await?;
+                    Ok(Some(epoch))
+                })
+                .await;
+            match moved {
+                // Opening the file takes locks too (the first opener
+                // rebuilds the WAL index).
+                Err(e) if e.may_heal() && end_stopped_on_store_file(path) => continue,
+                r => return r,
+            }
+        }
+    }
+
+    /// A lock-free read of lease `name`: its file's row, else the row an
+    /// older leaderrun keeps in the store's file (a moved one reads free).
+    async fn read_one(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        let what = "cannot read";
         let boot = boot_id()?;
-        self.s
-            .call(timeout, what, async move |conn, _| {
-                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-                let v = f(&mut *tx, now_ms(), boot).await?;
-                tx.commit().await?;
-                Ok(v)
+        let file = self.file(name)?;
+        if file.exists() {
+            let mut conn = self.conn_to(&file, false).await?;
+            let row = read_until_answered(&mut conn, || {
+                sqlx::query(INSPECT_SQL)
+                    .bind(now_ms())
+                    .bind(&boot)
+                    .bind(name)
+            })
+            .await;
+            match row {
+                Ok(Some(r)) => {
+                    let info = lease_info(&r).map_err(|e| self.legacy.c.classify(what, e))?;
+                    self.conn = Some((file, conn));
+                    return Ok(Some(info));
+                }
+                Ok(None) => self.conn = Some((file, conn)),
+                Err(e) if no_table(&e) => {}
+                Err(e) => return Err(self.legacy.c.classify(what, e)),
+            }
+        }
+        if !self.legacy.c.path.exists() {
+            return Ok(None);
+        }
+        let row = self
+            .legacy
+            .call(timeout, what, async |conn, _| {
+                let row = read_until_answered(conn, || {
+                    sqlx::query(INSPECT_SQL)
+                        .bind(now_ms())
+                        .bind(&boot)
+                        .bind(name)
+                })
+                .await?;
+                row.map(|r| lease_info(&r)).transpose()
+            })
+            .await?;
+        Ok(row.map(unmoved))
+    }
+
+    /// Every lease, read without a lock: the store's file's rows that were
+    /// not moved, then every lease file's, which win.
+    async fn read_all(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
+        let what = "cannot read";
+        let boot = boot_id()?;
+        let mut all = BTreeMap::new();
+        if self.legacy.c.path.exists() {
+            let rows = self
+                .legacy
+                .call(timeout, what, async |conn, _| {
+                    let rows = read_all_until_answered(conn, || {
+                        sqlx::query(LIST_SQL).bind(now_ms()).bind(&boot)
+                    })
+                    .await?;
+                    rows.iter().map(lease_info).collect::<Result<Vec<_>, _>>()
+                })
+                .await?;
+            for info in rows {
+                if info.holder.as_deref() != Some(MOVED) {
+                    all.insert(info.name.clone(), info);
+                }
+            }
+        }
+        let mut files: Vec<PathBuf> = match std::fs::read_dir(lease_dir(&self.legacy.c.path)) {
+            Ok(dir) => dir
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.ends_with(".db") && !n.starts_with('.'))
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        files.sort();
+        for file in files {
+            let mut conn = match self.readers.remove(&file) {
+                Some(c) => c,
+                None => self.legacy.c.open_file(&file, false).await?,
+            };
+            let rows = read_all_until_answered(&mut conn, || {
+                sqlx::query(LIST_SQL).bind(now_ms()).bind(&boot)
+            })
+            .await;
+            let rows = match rows {
+                Ok(rows) => {
+                    self.readers.insert(file.clone(), conn);
+                    rows
+                }
+                // A lease file that was created but never got its table.
+                Err(e) if no_table(&e) => Vec::new(),
+                Err(e) => return Err(self.legacy.c.classify(what, e)),
+            };
+            for r in &rows {
+                let info = lease_info(r).map_err(|e| self.legacy.c.classify(what, e))?;
+                all.insert(info.name.clone(), info);
+            }
+        }
+        Ok(all.into_values().collect())
+    }
+
+    /// Clear lease `name` in its file: `Ok(None)` when the file has no row
+    /// for it (it may still be in the store's file).
+    async fn clear_file(
+        &mut self,
+        name: &str,
+        epoch: Option<i64>,
+    ) -> Result<Option<Option<LeaseInfo>>, StoreError> {
+        let what = "cannot release in";
+        let file = self.file(name)?;
+        if !file.exists() {
+            return Ok(None);
+        }
+        let boot = boot_id()?;
+        let mut conn = self.begin(&file, name, Claim::Lease, what).await?;
+        let fail = |e| sql::error(&self.legacy.c, what, e);
+        let row = read_state(&mut conn, name).await.map_err(fail)?;
+        if row.is_none() {
+            self.commit(file, conn, what).await?;
+            return Ok(None);
+        }
+        let cleared = clear_row(&mut conn, name, epoch, &boot)
+            .await
+            .map_err(|e| sql::error(&self.legacy.c, what, e))?;
+        self.commit(file, conn, what).await?;
+        Ok(Some(cleared))
+    }
+
+    /// Clear lease `name` where an older leaderrun keeps it, in the
+    /// store's file (never a moved row).
+    async fn clear_legacy(
+        &mut self,
+        name: &str,
+        epoch: Option<i64>,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        if !self.legacy.c.path.exists() {
+            return Ok(None);
+        }
+        let boot = boot_id()?;
+        let path = self.legacy.c.path.clone();
+        self.legacy
+            .call(timeout, "cannot release in", async |conn, _| {
+                begin_on_store_file(conn, &path).await?;
+                let cleared = clear_row(conn, name, epoch, &boot).await?;
+                sqlx::raw_sql("COMMIT").execute(&mut *conn).await?;
+                Ok(cleared)
             })
             .await
     }
 }
 
-impl Connect for Lite {
-    type Conn = SqliteConnection;
-    type Error = sqlx::Error;
+/// `work` within `timeout`, or the store's "did not answer".
+async fn bounded<T>(
+    shown: &str,
+    timeout: Duration,
+    work: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::unavailable(format!(
+            "the store {shown} did not answer within {}",
+            crate::duration::show(timeout)
+        ))),
+    }
+}
 
+/// The row of `name` as the lock rules read it.
+async fn read_state(conn: &mut SqliteConnection, name: &str) -> Result<Option<State>, sqlx::Error> {
+    let row = sqlx::query(STATE_SQL)
+        .bind(name)
+        .fetch_optional(conn)
+        .await?;
+    row.map(|r| {
+        Ok(State {
+            holder: r.try_get(0)?,
+            epoch: r.try_get(1)?,
+            expires_at: r.try_get(2)?,
+            boot: r.try_get::<Option<String>, _>(3)?.unwrap_or_default(),
+        })
+    })
+    .transpose()
+}
+
+/// Clear a held row of `name` (at `epoch`, if given) inside the caller's
+/// transaction: what it held before, or `None`.
+async fn clear_row(
+    conn: &mut SqliteConnection,
+    name: &str,
+    epoch: Option<i64>,
+    boot: &str,
+) -> Result<Option<LeaseInfo>, sqlx::Error> {
+    let now = now_ms();
+    let row = sqlx::query(CLEARABLE_SQL)
+        .bind(now)
+        .bind(boot)
+        .bind(name)
+        .bind(epoch)
+        .bind(MOVED)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let before = lease_info(&row)?;
+    sqlx::query(CLEAR_SQL)
+        .bind(name)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    Ok(Some(before))
+}
+
+/// A moved row in the store's file reads as free: its lease lives in its
+/// own file now, which has no row yet only between the move and the
+/// lease file's commit.
+fn unmoved(mut info: LeaseInfo) -> LeaseInfo {
+    if info.holder.as_deref() == Some(MOVED) {
+        info.holder = None;
+        info.expires_in_ms = Some(-1);
+    }
+    info
+}
+
+/// "no such table": a file created but never set up.
+fn no_table(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.message().starts_with("no such table"))
+}
+
+/// One read, tried again while SQLite says busy (a reader waits only while
+/// another process rebuilds the WAL index, as the first to open the file
+/// does); the caller's timeout bounds it.
+async fn read_until_answered<'q, F>(
+    conn: &mut SqliteConnection,
+    query: F,
+) -> Result<Option<sqlx::sqlite::SqliteRow>, sqlx::Error>
+where
+    F: Fn() -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+{
+    loop {
+        match query().fetch_optional(&mut *conn).await {
+            Err(e) if busy(&e) => tokio::time::sleep(SLICE).await,
+            r => return r,
+        }
+    }
+}
+
+/// [`read_until_answered`] for every row.
+async fn read_all_until_answered<'q, F>(
+    conn: &mut SqliteConnection,
+    query: F,
+) -> Result<Vec<sqlx::sqlite::SqliteRow>, sqlx::Error>
+where
+    F: Fn() -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+{
+    loop {
+        match query().fetch_all(&mut *conn).await {
+            Err(e) if busy(&e) => tokio::time::sleep(SLICE).await,
+            r => return r,
+        }
+    }
+}
+
+/// Whether a stopped leaderrun that holds lease `name`'s file may be ended
+/// for a caller with `claim`, given the row as it was last committed
+/// (`None`: no row; `Err`: it cannot even be read, which only a process
+/// stopped while rebuilding the WAL index, before it read anything, causes).
+///
+/// Ended are the processes that stand between the lease and the one it
+/// belongs to: when the lease is free, over, or from another boot, nobody's
+/// run depends on the stopped process any more (a holder stopped past its
+/// lease has lost it; its watchdog stopped its command by `G + K < L`);
+/// and when the caller holds the current grant, the stopped process (a
+/// contender, an operator's command, a watcher) has no claim on the lease
+/// at all, while waiting for it would cost the holder its lease. A stopped
+/// holder of a live lease is never ended by a rival: it may be continued
+/// before its give-up deadline, and then it has lost nothing.
+fn may_end(row: Result<Option<&State>, ()>, claim: Claim<'_>, now: i64, boot: &str) -> bool {
+    let Ok(Some(row)) = row else { return true };
+    if !row.live(now, boot) {
+        return true;
+    }
+    match claim {
+        Claim::Lease => false,
+        Claim::Grant { holder, epoch } => {
+            row.holder.as_deref() == Some(holder) && row.epoch == epoch
+        }
+    }
+}
+
+/// What holds a lease file's write lock, as far as `unblock` could tell.
+#[derive(PartialEq, Eq)]
+enum Blocked {
+    /// A live process, or one that is not ours to end: wait.
+    Other,
+    /// A stopped leaderrun, left alone because the lease is live and not
+    /// the caller's (`may_end`).
+    ByLiveLease,
+    /// A stopped leaderrun, ended: the lock is about to be let go.
+    Ended,
+}
+
+/// Lease file `file`'s write lock is taken by someone else: if that is a
+/// stopped leaderrun that `may_end` allows ending, end it (its locks go
+/// with it, and the caller's next attempt gets the lock).
+async fn unblock(
+    file: &Path,
+    conn: Option<&mut SqliteConnection>,
+    name: &str,
+    claim: Claim<'_>,
+) -> Blocked {
+    let Some(pid) = stopped::stopped_holder(file) else {
+        return Blocked::Other;
+    };
+    let Ok(boot) = boot_id() else {
+        return Blocked::Other;
+    };
+    let row = match conn {
+        Some(c) => read_state(c, name).await.map_err(|_| ()),
+        None => Err(()),
+    };
+    if !may_end(
+        row.as_ref().map(Option::as_ref).map_err(|_| ()),
+        claim,
+        now_ms(),
+        &boot,
+    ) {
+        tracing::debug!(
+            event = "store_stopped_holder",
+            pid,
+            "a stopped leaderrun (pid {pid}) holds the file of lease {name}; the lease is live"
+        );
+        return Blocked::ByLiveLease;
+    }
+    if !stopped::end(file, pid) {
+        return Blocked::Other;
+    }
+    tracing::warn!(
+        event = "store_stopped_holder",
+        pid,
+        "ended leaderrun pid {pid}: it was stopped while it held the file of lease {name} ({}), which held up the lease",
+        file.display()
+    );
+    Blocked::Ended
+}
+
+/// The store's own file is written only to move a lease out of it (and by
+/// an older leaderrun, during an upgrade): a leaderrun stopped while it
+/// holds that file's write lock holds up the move of every lease not moved
+/// yet, so it is ended. It holds nothing of value there: a leaderrun of
+/// this release only marks rows moved, and an older one is ended as a
+/// kill -9 would end it (its watchdog hands its lease back).
+fn end_stopped_on_store_file(db: &Path) -> bool {
+    let Some(pid) = stopped::stopped_holder(db) else {
+        return false;
+    };
+    if !stopped::end(db, pid) {
+        return false;
+    }
+    tracing::warn!(
+        event = "store_stopped_holder",
+        pid,
+        "ended leaderrun pid {pid}: it was stopped while it held the write lock of {}",
+        db.display()
+    );
+    true
+}
+
+/// `BEGIN IMMEDIATE` on the store's own file, a [`SLICE`] at a time, a
+/// stopped leaderrun in the way ended (`end_stopped_on_store_file`); the
+/// caller's timeout bounds the wait.
+async fn begin_on_store_file(conn: &mut SqliteConnection, db: &Path) -> Result<(), sqlx::Error> {
+    loop {
+        match sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await {
+            Ok(_) => return Ok(()),
+            Err(e) if busy(&e) => {
+                end_stopped_on_store_file(db);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl Lite {
     fn shown(&self) -> String {
         format!("sqlite://{}", self.path.display())
     }
 
-    async fn connect(&mut self, _deadline: Instant) -> Result<SqliteConnection, StoreError> {
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if self.create {
+    /// A connection to `file` (the store's file or a lease file), in WAL
+    /// mode with the table created. A lease file is created when `create`;
+    /// the store's file only when the URL allows (`mode=rw` never creates
+    /// it, nor the leases of a store file that is not there).
+    async fn open_file(&self, file: &Path, create: bool) -> Result<SqliteConnection, StoreError> {
+        let lease = file != self.path;
+        let create = create && (self.create || (lease && self.path.exists()));
+        if lease && create {
+            make_lease_dir(&self.path, self.create).map_err(|e| {
+                // Most often the store's directory is not writable: say so
+                // as for the store's own file.
+                let why = why_unopenable(&self.path).unwrap_or_else(|| {
+                    format!(
+                        "cannot create the lease directory {}: {e}",
+                        lease_dir(&self.path).display()
+                    )
+                });
+                StoreError::fatal(format!("cannot open the store {}: {why}", self.shown()))
+                    .with_source(e)
+            })?;
+        } else if create {
+            if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
                 create_private_dir(dir).map_err(|e| {
                     let said = format!("cannot create the store directory {}: {e}", dir.display());
                     StoreError::fatal(said).with_source(e)
@@ -255,19 +903,27 @@ impl Connect for Lite {
         }
         let opts = SqliteConnectOptions::from_str("sqlite://")
             .map_err(|e| StoreError::fatal(e.to_string()))?
-            .filename(&self.path)
-            .create_if_missing(self.create)
+            .filename(file)
+            .create_if_missing(create)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .pragma("wal_autocheckpoint", WAL_PAGES)
-            .busy_timeout(self.busy)
+            .busy_timeout(SLICE)
             .disable_statement_logging();
-        let context = format!("cannot open the store {}", self.shown());
+        let context = if lease {
+            format!(
+                "cannot open the store {} (lease file {})",
+                self.shown(),
+                file.display()
+            )
+        } else {
+            format!("cannot open the store {}", self.shown())
+        };
         let mut conn =
             SqliteConnection::connect_with(&opts).await.map_err(|e| {
-                match why_unopenable(&self.path) {
-                    Some(why) => StoreError::fatal(format!("{context}: {why}")),
-                    None => sql::classify::<Lite>(&context, e),
+                match why_unopenable(file) {
+                    Some(why) if !busy(&e) => StoreError::fatal(format!("{context}: {why}")),
+                    _ => sql::classify::<Lite>(&context, e),
                 }
             })?;
         keep_wal_at_close(&mut conn)
@@ -280,6 +936,19 @@ impl Connect for Lite {
                 sql::classify::<Lite>(&format!("cannot set up the store {}", self.shown()), e)
             })?;
         Ok(conn)
+    }
+}
+
+impl Connect for Lite {
+    type Conn = SqliteConnection;
+    type Error = sqlx::Error;
+
+    fn shown(&self) -> String {
+        Lite::shown(self)
+    }
+
+    async fn connect(&mut self, _deadline: Instant) -> Result<SqliteConnection, StoreError> {
+        self.open_file(&self.path, true).await
     }
 
     fn classify(&self, what: &str, e: sqlx::Error) -> StoreError {
@@ -333,19 +1002,51 @@ impl Backend for SqliteStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
+        let what = "cannot acquire in";
         let ms = millis(lease);
-        self.write(timeout, "cannot acquire in", async |c, now, boot| {
+        let boot = boot_id()?;
+        let file = self.file(&key.name)?;
+        let shown = self.legacy.c.shown();
+        let work = async {
+            let Some(mut conn) = self
+                .begin_or_held(&file, &key.name, Claim::Lease, what, true)
+                .await?
+            else {
+                return Ok(None);
+            };
+            let fail = |e| sql::error(&self.legacy.c, what, e);
+            if read_state(&mut conn, &key.name)
+                .await
+                .map_err(fail)?
+                .is_none()
+            {
+                // First use of the name in its file: move it in.
+                let Some(epoch) = self.move_in(&key.name, &boot, timeout).await? else {
+                    self.commit(file.clone(), conn, what).await?;
+                    return Ok(None);
+                };
+                sqlx::query(MOVE_IN_SQL)
+                    .bind(&key.name)
+                    .bind(epoch)
+                    .bind(&boot)
+                    .execute(&mut conn)
+                    .await
+                    .map_err(|e| sql::error(&self.legacy.c, what, e))?;
+            }
             let row = sqlx::query(ACQUIRE_SQL)
                 .bind(&key.name)
                 .bind(&key.holder)
-                .bind(now)
+                .bind(now_ms())
                 .bind(ms)
-                .bind(boot)
-                .fetch_optional(c)
-                .await?;
-            row.map(|r| r.try_get::<i64, _>(0)).transpose()
-        })
-        .await
+                .bind(&boot)
+                .fetch_optional(&mut conn)
+                .await
+                .and_then(|row| row.map(|r| r.try_get::<i64, _>(0)).transpose())
+                .map_err(|e| sql::error(&self.legacy.c, what, e))?;
+            self.commit(file.clone(), conn, what).await?;
+            Ok(row)
+        };
+        bounded(&shown, timeout, work).await
     }
 
     async fn renew(
@@ -376,7 +1077,7 @@ impl Backend for SqliteStore {
             .await?;
         // After the commit: a waiter woken now finds the lease free.
         if freed && keep.is_zero() {
-            touch(&self.s.c.path, &key.name);
+            touch(&self.legacy.c.path, &key.name);
         }
         Ok(freed)
     }
@@ -386,20 +1087,12 @@ impl Backend for SqliteStore {
         name: &str,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        self.write(timeout, "cannot read", async |c, now, boot| {
-            let row = sqlx::query(INSPECT_SQL)
-                .bind(now)
-                .bind(boot)
-                .bind(name)
-                .fetch_optional(c)
-                .await?;
-            row.map(|r| lease_info(&r)).transpose()
-        })
-        .await
+        let shown = self.legacy.c.shown();
+        bounded(&shown, timeout, self.read_one(name, timeout)).await
     }
 
     fn describe(&self) -> String {
-        self.s.c.shown()
+        self.legacy.c.shown()
     }
 
     async fn replication(&mut self, _timeout: Duration) -> Result<super::Replication, StoreError> {
@@ -418,7 +1111,7 @@ impl Backend for SqliteStore {
 
     fn wakeups(&self, name: &str) -> Option<Subscription> {
         Some(Subscription::Sqlite(FileWakeups::new(
-            self.s.c.path.clone(),
+            self.legacy.c.path.clone(),
             name,
         )))
     }
@@ -428,20 +1121,26 @@ impl Backend for SqliteStore {
     }
 
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
-        self.write(timeout, "cannot use", async |_, _, _| Ok(Init::Ready))
-            .await
+        let shown = self.legacy.c.shown();
+        let work = async {
+            self.legacy
+                .call(timeout, "cannot use", async |_, _| Ok(()))
+                .await?;
+            make_lease_dir(&self.legacy.c.path, self.legacy.c.create).map_err(|e| {
+                StoreError::fatal(format!(
+                    "cannot create the lease directory {}: {e}",
+                    lease_dir(&self.legacy.c.path).display()
+                ))
+                .with_source(e)
+            })?;
+            Ok(Init::Ready)
+        };
+        bounded(&shown, timeout, work).await
     }
 
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.write(timeout, "cannot read", async |c, now, boot| {
-            let rows = sqlx::query(LIST_SQL)
-                .bind(now)
-                .bind(boot)
-                .fetch_all(c)
-                .await?;
-            rows.iter().map(lease_info).collect()
-        })
-        .await
+        let shown = self.legacy.c.shown();
+        bounded(&shown, timeout, self.read_all(timeout)).await
     }
 
     async fn clear(
@@ -450,30 +1149,62 @@ impl Backend for SqliteStore {
         epoch: Option<i64>,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
-        let cleared = self
-            .write(timeout, "cannot release in", async |c, now, boot| {
-                let row = sqlx::query(CLEARABLE_SQL)
-                    .bind(now)
-                    .bind(boot)
-                    .bind(name)
-                    .bind(epoch)
-                    .fetch_optional(&mut *c)
-                    .await?;
-                let Some(row) = row else { return Ok(None) };
-                let before = lease_info(&row)?;
-                sqlx::query(
-                    "UPDATE leader_lease SET holder = NULL, expires_at = ?2 WHERE name = ?1",
-                )
-                .bind(name)
-                .bind(now)
-                .execute(&mut *c)
-                .await?;
-                Ok(Some(before))
-            })
-            .await?;
+        let shown = self.legacy.c.shown();
+        let work = async {
+            match self.clear_file(name, epoch).await? {
+                Some(cleared) => Ok(cleared),
+                None => self.clear_legacy(name, epoch, timeout).await,
+            }
+        };
+        let cleared = bounded(&shown, timeout, work).await?;
         if cleared.is_some() {
-            touch(&self.s.c.path, name);
+            touch(&self.legacy.c.path, name);
         }
         Ok(cleared)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(holder: Option<&str>, epoch: i64, expires_at: i64, boot: &str) -> State {
+        State {
+            holder: holder.map(str::to_string),
+            epoch,
+            expires_at,
+            boot: boot.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_stopped_process_is_ended_only_for_a_better_claim() {
+        let grant = Claim::Grant {
+            holder: "h",
+            epoch: 7,
+        };
+        let live = state(Some("h"), 7, 2_000, "b");
+        // A live lease: its holder may end a stopped process in its way, a
+        // rival may not.
+        assert!(may_end(Ok(Some(&live)), grant, 1_000, "b"));
+        assert!(!may_end(Ok(Some(&live)), Claim::Lease, 1_000, "b"));
+        // ...nor may a former holder (another epoch, another holder).
+        let other = Claim::Grant {
+            holder: "h",
+            epoch: 6,
+        };
+        assert!(!may_end(Ok(Some(&live)), other, 1_000, "b"));
+        let stranger = Claim::Grant {
+            holder: "x",
+            epoch: 7,
+        };
+        assert!(!may_end(Ok(Some(&live)), stranger, 1_000, "b"));
+        // Over, free, from another boot, no row, unreadable: anyone.
+        assert!(may_end(Ok(Some(&live)), Claim::Lease, 2_000, "b"));
+        let free = state(None, 7, 5_000, "b");
+        assert!(may_end(Ok(Some(&free)), Claim::Lease, 1_000, "b"));
+        assert!(may_end(Ok(Some(&live)), Claim::Lease, 1_000, "other boot"));
+        assert!(may_end(Ok(None), Claim::Lease, 1_000, "b"));
+        assert!(may_end(Err(()), Claim::Lease, 1_000, "b"));
     }
 }
