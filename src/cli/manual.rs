@@ -118,7 +118,8 @@ pub const MAN_SECTIONS: &[(&str, &[Block])] = &[
         &[Block::Para(
             "The embedded store: $LEADERRUN_STATE_DIR/leases.db; for root \
              /var/lib/leaderrun/leases.db; otherwise $XDG_STATE_HOME/leaderrun/leases.db or \
-             ~/.local/state/leaderrun/leases.db. One host only; never on a network filesystem.",
+             ~/.local/state/leaderrun/leases.db, with a file per lease in leases.db-leases/ \
+             beside it. One host only; never on a network filesystem.",
         )],
     ),
     (
