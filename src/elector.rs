@@ -26,7 +26,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::clock::{Clock, Stamp};
 use crate::duration::{about, show};
-use crate::store::{Acquired, LeaseInfo, LeaseLock, StoreError, Wakeups};
+use crate::store::{Acquired, LeaseInfo, LeaseLock, Outcome, StoreError, Wakeups};
 use crate::timing::Timing;
 
 /// A lease we hold.
@@ -242,6 +242,8 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
         let now = self.clock.now();
         if now >= sent + self.timing.give_up {
             let late = now - sent;
+            // Nothing ran on it: under `--once-per` the period is still to run.
+            self.lock.ending(Outcome::NotStarted);
             self.hand_back_until(epoch, Duration::ZERO, sent + self.timing.lease)
                 .await;
             return Err(StoreError::unavailable(format!(
@@ -295,6 +297,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
             };
             if let Ok(sig) = interrupt.try_recv() {
                 if let Ok(Some(lease)) = res {
+                    self.lock.ending(Outcome::NotStarted);
                     self.hand_back_until(
                         lease.epoch,
                         Duration::ZERO,

@@ -462,3 +462,65 @@ fn once_per_refusals() {
         assert!(!ran.exists(), "{extra:?}: the command ran");
     }
 }
+
+/// A lock on `name` for `holder` under `--once-per` with this half period.
+fn once_lock(url: &str, name: &str, holder: &str, half: Duration) -> leaderrun::store::Lock {
+    use leaderrun::store::{open, Origin};
+    let mut l = match open(Some((url, Origin::Flag)), "leaderrun-test", 5 * SEC) {
+        Ok(s) => s.lock(name, holder),
+        Err(e) => panic!("cannot open {url}: {e}"),
+    };
+    l.once_per(half);
+    l
+}
+
+/// What the store answers, call by call: a run whose command never started
+/// (handed back as `not started`) leaves the period open; a run that ended
+/// closes it, whoever asks, until half the period has passed.
+#[test]
+fn a_run_that_never_started_leaves_the_period_open() {
+    use leaderrun::store::{Acquired, LeaseLock, Outcome};
+    let pg = Pg::start();
+    let url = pg.url();
+    let (lease, half) = (3 * SEC, Duration::from_secs(1800));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut a = once_lock(&url, "p", "a", half);
+        let mut b = once_lock(&url, "p", "b", half);
+        assert_eq!(a.take(lease, 5 * SEC).await.unwrap(), Acquired::Taken(1));
+        // Held, and this period's: "done", not "held".
+        assert!(matches!(
+            b.take(lease, 5 * SEC).await.unwrap(),
+            Acquired::DoneThisPeriod { .. }
+        ));
+        a.ending(Outcome::NotStarted);
+        assert!(a.release(1, Duration::ZERO, 5 * SEC).await.unwrap());
+        assert_eq!(b.take(lease, 5 * SEC).await.unwrap(), Acquired::Taken(2));
+        b.ending(Outcome::Exit(0));
+        assert!(b.release(2, Duration::ZERO, 5 * SEC).await.unwrap());
+        // Free, but this period's run is done.
+        match a.take(lease, 5 * SEC).await.unwrap() {
+            Acquired::DoneThisPeriod { started_ms_ago } => {
+                assert!((0..10_000).contains(&started_ms_ago), "{started_ms_ago}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // A plain lock (no --once-per) is not bound by the rule.
+        let mut plain = match leaderrun::store::open(
+            Some((url.as_str(), leaderrun::store::Origin::Flag)),
+            "leaderrun-test",
+            5 * SEC,
+        ) {
+            Ok(s) => s.lock("p", "c"),
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(plain.acquire(lease, 5 * SEC).await.unwrap(), Some(3));
+    });
+    assert_eq!(
+        pg.sql("SELECT run_holder, run_epoch, run_outcome FROM leader_lease WHERE name = 'p'"),
+        "b|2|exit 0"
+    );
+}

@@ -12,7 +12,7 @@ use crate::duration::show;
 use crate::elector::{Lease, Lost};
 use crate::exit::Exit;
 use crate::stop::{Stop, StopPlan};
-use crate::store::Outcome;
+use crate::store::{LeaseLock, Outcome};
 use crate::supervisor::{self, status_code};
 
 impl Run {

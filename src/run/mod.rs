@@ -26,7 +26,7 @@ use crate::exit::Exit;
 use crate::published::{Publisher, Standing};
 use crate::report::{self, Reporter};
 use crate::stop::StopPlan;
-use crate::store::{LeaseInfo, Lock, Outcome};
+use crate::store::{LeaseInfo, LeaseLock, Lock, Outcome};
 use crate::supervisor;
 use crate::terminal::Terminal;
 use crate::tree::Cgroup;

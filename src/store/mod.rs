@@ -81,7 +81,7 @@ use std::time::Duration;
 
 pub use error::{ErrorKind, StoreError, UrlError};
 pub use lease::{Capabilities, GrantError, Init, LeaseInfo, Replication, Schema, MAX_STORED};
-pub use once::{Acquired, Outcome, RunRecord};
+pub use once::{Acquired, Outcome, RunRecord, NOT_STARTED};
 use target::parse;
 pub use target::{choose, Origin, ResolveError, Target};
 pub use wake::{Subscription, Wakeups};
@@ -424,6 +424,10 @@ pub trait LeaseLock {
     /// The lease as the store has it, whoever holds it.
     async fn inspect(&mut self, timeout: Duration) -> Result<Option<LeaseInfo>, StoreError>;
 
+    /// How the run on this lease ended, for the run record the next
+    /// release writes (`--once-per`); a lock that keeps none ignores it.
+    fn ending(&mut self, _outcome: Outcome) {}
+
     /// The store as messages name it (no password).
     fn shown(&self) -> String {
         "the store".into()
@@ -465,14 +469,6 @@ impl Lock {
     /// run form has checked that the store keeps the rule.
     pub fn once_per(&mut self, half: Duration) {
         self.half_period = Some(half);
-    }
-
-    /// How the run ended: written into the run record by the release that
-    /// follows (under `--once-per`; otherwise a release is a release).
-    pub fn ending(&mut self, outcome: Outcome) {
-        if self.half_period.is_some() {
-            self.ending = Some(outcome);
-        }
     }
 }
 
@@ -536,6 +532,14 @@ impl LeaseLock for Lock {
 
     async fn inspect(&mut self, timeout: Duration) -> Result<Option<LeaseInfo>, StoreError> {
         self.store.inspect(&self.key.name, timeout).await
+    }
+
+    /// Written into the run record by the release that follows (under
+    /// `--once-per`; otherwise a release is a release).
+    fn ending(&mut self, outcome: Outcome) {
+        if self.half_period.is_some() {
+            self.ending = Some(outcome);
+        }
     }
 }
 

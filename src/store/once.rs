@@ -34,6 +34,11 @@ pub struct RunRecord {
     pub outcome: Option<String>,
 }
 
+/// The outcome of a run whose command never started (handed back after a
+/// freeze, a confirmation too late, a commit not durable, a failed spawn).
+/// The rule does not count it: the period is still to run.
+pub const NOT_STARTED: &str = "not started";
+
 /// How a `--once-per` run ended, as the record's outcome says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -56,7 +61,7 @@ impl std::fmt::Display for Outcome {
             Outcome::Signal(n) => write!(f, "signal {n}"),
             Outcome::Lost => f.write_str("lost"),
             Outcome::Killed => f.write_str("killed"),
-            Outcome::NotStarted => f.write_str("not started"),
+            Outcome::NotStarted => f.write_str(NOT_STARTED),
         }
     }
 }

@@ -350,7 +350,9 @@ impl PgStore {
         // expire, which is only slower).
         let handed = self
             .run(timeout, "cannot release in", false, |cols| {
-                release_sql(name, holder, epoch, 0, None, cols)
+                // Under --once-per nothing ran: the period is not used up.
+                let ending = half.map(|_| crate::store::NOT_STARTED);
+                release_sql(name, holder, epoch, 0, ending, cols)
             })
             .await
             .is_ok_and(|r| r.rows.len() == 1);

@@ -160,7 +160,10 @@ fn needs_run_columns() -> sqlx::Error {
 // two ways of not taking apart: it answers only when the period's run
 // started less than `half` ago (`now()` is the transaction's start in all
 // three, so it is the exact complement of the second's condition), and
-// only when nothing was taken is it looked at.
+// only when nothing was taken is it looked at. A run whose command never
+// started (its record's outcome `not started`: handed back after a freeze,
+// a late confirmation, a commit not durable) does not count: the period is
+// still to run.
 pub(super) fn acquire_once_sql(
     name: &str,
     holder: &str,
@@ -174,6 +177,7 @@ pub(super) fn acquire_once_sql(
     let (name, holder) = (text(name)?, text(holder)?);
     let end = lease_end(ms);
     let window = window(half_ms);
+    let not_started = text(crate::store::NOT_STARTED)?;
     Ok(format!(
         "WITH t AS (SELECT {TIMELINE} AS tl)
      UPDATE leader_lease l SET expires_at = greatest(l.expires_at, {end}), timeline = t.tl
@@ -192,12 +196,14 @@ pub(super) fn acquire_once_sql(
             run_epoch = greatest(l.epoch + 1, EXCLUDED.epoch), run_outcome = NULL
       WHERE (l.holder IS NULL
              OR (l.expires_at <= now() AND l.timeline IS NOT DISTINCT FROM EXCLUDED.timeline))
-        AND (l.run_started_at IS NULL OR l.run_started_at <= now() - {window})
+        AND (l.run_started_at IS NULL OR l.run_started_at <= now() - {window}
+             OR l.run_outcome IS NOT DISTINCT FROM {not_started})
      RETURNING 'taken'::text, l.epoch, {SYNC_COLUMNS};
      SELECT 'done'::text,
             greatest(0, least(extract(epoch FROM now() - run_started_at) * 1000,
                               {MAX_MS}))::bigint
-       FROM leader_lease WHERE name = {name} AND run_started_at > now() - {window}"
+       FROM leader_lease WHERE name = {name} AND run_started_at > now() - {window}
+        AND run_outcome IS DISTINCT FROM {not_started}"
     ))
 }
 
