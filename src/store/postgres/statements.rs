@@ -178,6 +178,7 @@ pub(super) fn acquire_once_sql(
     let end = lease_end(ms);
     let window = window(half_ms);
     let not_started = text(crate::store::NOT_STARTED)?;
+    let started = clamped("run_started_at");
     Ok(format!(
         "WITH t AS (SELECT {TIMELINE} AS tl)
      UPDATE leader_lease l SET expires_at = greatest(l.expires_at, {end}), timeline = t.tl
@@ -200,16 +201,20 @@ pub(super) fn acquire_once_sql(
              OR l.run_outcome IS NOT DISTINCT FROM {not_started})
      RETURNING 'taken'::text, l.epoch, {SYNC_COLUMNS};
      SELECT 'done'::text,
-            greatest(0, least(extract(epoch FROM now() - run_started_at) * 1000,
-                              {MAX_MS}))::bigint
+            greatest(0, least(extract(epoch FROM now() - {started}) * 1000, {MAX_MS}))::bigint
        FROM leader_lease WHERE name = {name} AND run_started_at > now() - {window}
         AND run_outcome IS DISTINCT FROM {not_started}"
     ))
 }
 
-/// Ten years in milliseconds: a time shown is clamped to it (a row written
-/// by hand may hold `infinity`).
+/// Ten years in milliseconds: a time shown is clamped to it.
 const MAX_MS: i64 = 10 * 366 * 24 * 3600 * 1000;
+
+/// Column `c` clamped to ten years either side of now, so that arithmetic
+/// on a row written by hand (`infinity`) cannot fail the statement.
+fn clamped(c: &str) -> String {
+    format!("least(greatest({c}, now() - interval '10 years'), now() + interval '10 years')")
+}
 
 /// `, timeline = <this server's>` where the table records it.
 pub(super) fn set_timeline(cols: Columns) -> String {
@@ -318,7 +323,8 @@ pub(super) fn run_records_sql(name: Option<&str>) -> Result<String, sqlx::Error>
         |c: &str| format!("to_char({c} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')");
     let ago = |c: &str| {
         format!(
-            "greatest(-{MAX_MS}, least(extract(epoch FROM now() - {c}) * 1000, {MAX_MS}))::bigint"
+            "(extract(epoch FROM now() - {}) * 1000)::bigint",
+            clamped(c)
         )
     };
     Ok(format!(
