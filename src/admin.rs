@@ -8,7 +8,7 @@ use crate::cli::{Admin, Common};
 use crate::error::Error;
 use crate::exit::Exit;
 use crate::logging;
-use crate::store::{Init, LeaseInfo, Replication, Store};
+use crate::store::{Init, LeaseInfo, Replication, RunRecord, Store};
 
 /// Admin calls are one-shot; this bounds connecting plus the statement.
 const CALL: Duration = Duration::from_secs(10);
@@ -85,7 +85,8 @@ pub async fn run(cmd: Admin, common: Common) -> Result<Exit, Error> {
                 .replication(CALL)
                 .await
                 .unwrap_or_else(|e| Replication::unknown(format!("not known ({e})")));
-            status(leases, name, json, Some(&repl))
+            let runs = store.run_records(name.as_deref(), CALL).await?;
+            status(leases, &runs, name, json, Some(&repl))
         }
         Admin::Release {
             name,
@@ -147,7 +148,7 @@ fn file_store(choice: Option<(&str, crate::store::Origin)>) -> Option<std::path:
 /// for an embedded store that does not exist yet: none).
 fn answer(cmd: Admin, leases: Vec<LeaseInfo>, shown: &str) -> Result<Exit, Error> {
     match cmd {
-        Admin::Status { name, json } => status(leases, name, json, None),
+        Admin::Status { name, json } => status(leases, &[], name, json, None),
         Admin::Release {
             name,
             epoch,
@@ -193,12 +194,17 @@ fn can_lose(r: &Replication) -> &'static str {
 
 fn status(
     leases: Vec<LeaseInfo>,
+    runs: &[RunRecord],
     name: Option<String>,
     json: bool,
     repl: Option<&Replication>,
 ) -> Result<Exit, Error> {
+    let run_of = |l: &LeaseInfo| runs.iter().find(|r| r.name == l.name);
     if json {
-        let objs: Vec<LeaseJson> = leases.iter().map(|l| LeaseJson::new(l, repl)).collect();
+        let objs: Vec<LeaseJson> = leases
+            .iter()
+            .map(|l| LeaseJson::new(l, repl).with_run(run_of(l)))
+            .collect();
         // `--name`: the lease's object, or null; otherwise an array.
         let text = match &name {
             Some(_) => serde_json::to_string(&objs.first()),
@@ -243,6 +249,12 @@ fn status(
                 r[3]
             );
         }
+        // The last `--once-per` run of each lease that has one, a line each.
+        for l in &leases {
+            if let Some(r) = run_of(l) {
+                crate::outln!("{}", last_run(r, l));
+            }
+        }
         // Scripts read `--json`; the table is for people, and this line is
         // what they should know about the store under it.
         if let Some(r) = repl {
@@ -278,6 +290,30 @@ fn state(l: &LeaseInfo) -> String {
     }
 }
 
+/// The last `--once-per` run of `l`, for people. A run with no end written
+/// says so, with what became of its lease; no outcome is made up.
+fn last_run(r: &RunRecord, l: &LeaseInfo) -> String {
+    use crate::names::printable;
+    let holder = r.holder.as_deref().map_or("-".into(), printable);
+    let end = match (&r.outcome, r.ended_ms_ago) {
+        (Some(o), Some(ms)) => format!("ended {} ago: {}", ago(ms), printable(o)),
+        _ if l.epoch != r.epoch => "no end recorded".into(),
+        _ if l.is_live() => "running (lease held)".into(),
+        _ => match (&l.holder, l.expires_in_ms) {
+            (Some(_), Some(ms)) => format!("no end recorded; lease expired {} ago", ago(ms)),
+            (None, Some(ms)) => format!("no end recorded; lease freed {} ago", ago(ms)),
+            (_, None) => "no end recorded".into(),
+        },
+    };
+    format!(
+        "last run of {}: started {} ago ({}) by {holder}, epoch {}; {end}",
+        printable(&r.name),
+        ago(r.started_ms_ago),
+        r.started_at,
+        r.epoch,
+    )
+}
+
 /// One lease in `status --json`. Scripts parse these names; the
 /// replication fields are there only when the store was asked.
 #[derive(serde::Serialize)]
@@ -289,6 +325,23 @@ struct LeaseJson<'a> {
     expires_in_ms: Option<i64>,
     #[serde(flatten)]
     replication: Option<ReplicationJson<'a>>,
+    /// The last `--once-per` run, where the store keeps one for this name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_run: Option<RunJson<'a>>,
+}
+
+/// A run record in `status --json`: times by the store's clock; `ended_*`
+/// and `outcome` are `null` when no end was written (still running, or
+/// its leaderrun was killed before it could write one).
+#[derive(serde::Serialize)]
+struct RunJson<'a> {
+    started_at: &'a str,
+    started_ms_ago: i64,
+    ended_at: Option<&'a str>,
+    ended_ms_ago: Option<i64>,
+    holder: Option<&'a str>,
+    epoch: i64,
+    outcome: Option<&'a str>,
 }
 
 #[derive(serde::Serialize)]
@@ -310,7 +363,21 @@ impl<'a> LeaseJson<'a> {
                 replication: &r.detail,
                 failover_can_lose_acquisition: r.can_lose_acknowledged,
             }),
+            last_run: None,
         }
+    }
+
+    fn with_run(mut self, r: Option<&'a RunRecord>) -> LeaseJson<'a> {
+        self.last_run = r.map(|r| RunJson {
+            started_at: &r.started_at,
+            started_ms_ago: r.started_ms_ago,
+            ended_at: r.ended_at.as_deref(),
+            ended_ms_ago: r.ended_ms_ago,
+            holder: r.holder.as_deref(),
+            epoch: r.epoch,
+            outcome: r.outcome.as_deref(),
+        });
+        self
     }
 }
 

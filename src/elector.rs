@@ -26,7 +26,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::clock::{Clock, Stamp};
 use crate::duration::{about, show};
-use crate::store::{LeaseInfo, LeaseLock, StoreError, Wakeups};
+use crate::store::{Acquired, LeaseInfo, LeaseLock, Outcome, StoreError, Wakeups};
 use crate::timing::Timing;
 
 /// A lease we hold.
@@ -79,11 +79,23 @@ pub enum Waited<I> {
     Acquired(Lease),
     /// Try-once found the lease held.
     Held(Option<LeaseInfo>),
+    /// `--once-per`: a run of this name started this long ago by the
+    /// store's clock, less than half a period: this firing's run is done.
+    DoneThisPeriod {
+        started_ms_ago: i64,
+    },
     /// `--timeout` passed.
     TimedOut,
     /// Something arrived on the interrupt channel (a signal, for the CLI).
     Interrupted(I),
     Failed(StoreError),
+}
+
+/// What one acquisition attempt came to.
+enum Attempted {
+    Lease(Lease),
+    Held,
+    Done { started_ms_ago: i64 },
 }
 
 /// Told what the elector sees, for status reporting (systemd, metrics).
@@ -207,7 +219,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
     /// One acquisition attempt, bounded by the give-up interval (and by
     /// `until`, when given). A lease confirmed only after its own give-up
     /// deadline is useless: it is handed back and reported as unavailable.
-    async fn attempt(&mut self, until: Option<Stamp>) -> Result<Option<Lease>, StoreError> {
+    async fn attempt(&mut self, until: Option<Stamp>) -> Result<Attempted, StoreError> {
         let sent = self.clock.now();
         let mut deadline = sent + self.timing.give_up;
         if let Some(u) = until {
@@ -218,12 +230,20 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
             biased;
             _ = self.clock.sleep_until(deadline) => Err(StoreError::unavailable(format!(
                 "no answer from {} within {}", self.lock.shown(), show(budget)))),
-            r = self.lock.acquire(self.timing.lease, budget) => r,
+            r = self.lock.take(self.timing.lease, budget) => r,
         };
-        let Some(epoch) = res? else { return Ok(None) };
+        let epoch = match res? {
+            Acquired::Taken(epoch) => epoch,
+            Acquired::Held => return Ok(Attempted::Held),
+            Acquired::DoneThisPeriod { started_ms_ago } => {
+                return Ok(Attempted::Done { started_ms_ago })
+            }
+        };
         let now = self.clock.now();
         if now >= sent + self.timing.give_up {
             let late = now - sent;
+            // Nothing ran on it: under `--once-per` the period is still to run.
+            self.lock.ending(Outcome::NotStarted);
             self.hand_back_until(epoch, Duration::ZERO, sent + self.timing.lease)
                 .await;
             return Err(StoreError::unavailable(format!(
@@ -231,7 +251,7 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
                 show(late)
             )));
         }
-        Ok(Some(Lease {
+        Ok(Attempted::Lease(Lease {
             epoch,
             sent,
             acquired_at: now,
@@ -265,9 +285,19 @@ impl<L: LeaseLock, C: Clock> Elector<L, C> {
             // at once (below).
             let armed = wait && !first && self.arm().await;
             let started = self.clock.now();
-            let res = self.attempt(until).await;
+            let res = match self.attempt(until).await {
+                Ok(Attempted::Lease(l)) => Ok(Some(l)),
+                Ok(Attempted::Held) => Ok(None),
+                // The run form refuses `--once-per` with `--wait`: a
+                // standby has no firing, so this ends a try-once.
+                Ok(Attempted::Done { started_ms_ago }) => {
+                    return Waited::DoneThisPeriod { started_ms_ago }
+                }
+                Err(e) => Err(e),
+            };
             if let Ok(sig) = interrupt.try_recv() {
                 if let Ok(Some(lease)) = res {
+                    self.lock.ending(Outcome::NotStarted);
                     self.hand_back_until(
                         lease.epoch,
                         Duration::ZERO,

@@ -10,7 +10,7 @@ use tokio::sync::mpsc::unbounded_channel;
 
 use super::*;
 use crate::clock::TestClock;
-use crate::store::{LeaseInfo, LeaseLock, StoreError, Wakeups};
+use crate::store::{Acquired, LeaseInfo, LeaseLock, StoreError, Wakeups};
 use crate::timing::{Timing, TimingArgs};
 
 fn ms(n: u64) -> Duration {
@@ -40,6 +40,9 @@ struct Script {
     acquire: VecDeque<Step<Option<i64>>>,
     renew: VecDeque<Step<bool>>,
     release: VecDeque<Step<bool>>,
+    /// An acquire that does not take answers "done this period, started
+    /// this many ms ago" (`--once-per`) instead of "held".
+    done: Option<i64>,
     /// What `inspect` answers (None: no such lease).
     held: Option<LeaseInfo>,
     /// From this time on, `inspect` answers this instead of `held`.
@@ -107,7 +110,13 @@ async fn play<T>(step: Option<Step<T>>, default: T) -> Result<T, StoreError> {
 impl LeaseLock for Fake {
     type Wakeups = FakeWake;
 
-    async fn acquire(&mut self, _: Duration, _: Duration) -> Result<Option<i64>, StoreError> {
+    async fn acquire(&mut self, l: Duration, t: Duration) -> Result<Option<i64>, StoreError> {
+        self.take(l, t).await.map(|a| match a {
+            Acquired::Taken(epoch) => Some(epoch),
+            _ => None,
+        })
+    }
+    async fn take(&mut self, _: Duration, _: Duration) -> Result<Acquired, StoreError> {
         let step = {
             let mut s = self.s.borrow_mut();
             s.calls.push(("acquire", self.clock.now()));
@@ -118,7 +127,12 @@ impl LeaseLock for Fake {
         if let Some(d) = frozen {
             freeze(d);
         }
-        res
+        let done = self.s.borrow().done;
+        res.map(|r| match (r, done) {
+            (Some(epoch), _) => Acquired::Taken(epoch),
+            (None, Some(started_ms_ago)) => Acquired::DoneThisPeriod { started_ms_ago },
+            (None, None) => Acquired::Held,
+        })
     }
     async fn renew(&mut self, _: i64, _: Duration, budget: Duration) -> Result<bool, StoreError> {
         let step = {
@@ -290,6 +304,29 @@ async fn try_once_makes_one_attempt() {
     let w = e.wait_for_lease(false, None, &mut rx).await;
     assert!(matches!(w, Waited::Held(_)), "{w:?}");
     assert_eq!(fake.calls("acquire").len(), 1);
+}
+
+/// `--once-per`: an acquire that finds this period's run done ends the
+/// try-once with that, not "held", and asks the store nothing more.
+#[tokio::test(start_paused = true)]
+async fn done_this_period_ends_a_try_once() {
+    let (mut e, fake) = elector(Script {
+        done: Some(1234),
+        ..Script::default()
+    });
+    let (_tx, mut rx) = unbounded_channel::<i32>();
+    let w = e.wait_for_lease(false, None, &mut rx).await;
+    assert!(
+        matches!(
+            w,
+            Waited::DoneThisPeriod {
+                started_ms_ago: 1234
+            }
+        ),
+        "{w:?}"
+    );
+    assert_eq!(fake.calls("acquire").len(), 1);
+    assert!(fake.calls("inspect").is_empty());
 }
 
 #[tokio::test(start_paused = true)]

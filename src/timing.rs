@@ -64,6 +64,24 @@ pub const MIN_CALL: Duration = Duration::from_millis(50);
 /// 1ns` would spin one at 100 %).
 pub const MIN_RETRY: Duration = Duration::from_millis(50);
 
+/// The shortest `--once-per`: a period every store can measure (etcd's
+/// TTLs are whole seconds, at least 2 s), and one whose half is still far
+/// above a store's round trip.
+pub const MIN_ONCE_PER: Duration = Duration::from_secs(2);
+
+/// `--once-per`'s half period, the window of the rule (a firing runs unless
+/// a run started less than this long ago): the period checked from 2 s to a
+/// year (`parse_duration` refuses longer), with the reason otherwise.
+pub fn once_per_half(period: &DurationArg) -> Result<Duration, String> {
+    if period.value() < MIN_ONCE_PER {
+        return Err(format!(
+            "--once-per ({period}) must be at least {}: a run is skipped when one started less              than half the period ago, by the store's clock",
+            show(MIN_ONCE_PER)
+        ));
+    }
+    Ok(period.value() / 2)
+}
+
 /// A violated relation, worded for the person who typed the flags: each
 /// value as typed, or as computed when it is a default.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -237,6 +255,17 @@ pub fn parse_duration(s: &str) -> Result<DurationArg, DurationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn once_per_runs_from_two_seconds_to_a_year() {
+        let half = |s: &str| once_per_half(&parse_duration(s).unwrap());
+        assert_eq!(half("2s"), Ok(Duration::from_secs(1)));
+        assert_eq!(half("1h"), Ok(Duration::from_secs(1800)));
+        assert_eq!(half("365d"), Ok(MAX_ANY_DURATION / 2));
+        assert!(half("1999ms").unwrap_err().contains("at least 2s"));
+        assert!(half("0s").is_err());
+        assert!(parse_duration("366d").is_err());
+    }
 
     fn s(x: u64) -> Option<DurationArg> {
         Some(Duration::from_secs(x).into())

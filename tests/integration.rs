@@ -26,6 +26,7 @@ mod hostile_rows;
 mod init_and_read_only;
 mod messages;
 mod mysql_semisync;
+mod once_per;
 mod pgbouncer;
 mod polish;
 mod races;

@@ -128,11 +128,12 @@ pub const MAN_SECTIONS: &[(&str, &[Block])] = &[
             Block::Para("Run a nightly job at most once at a time on this host:"),
             Block::Example(&["leaderrun --name nightly -- ./report.sh"]),
             Block::Para(
-                "The same cron line on several hosts, sharing a Postgres; a host whose clock is a \
-                 few seconds late still skips:",
+                "The same cron line on several hosts, sharing a Postgres: the job runs once per \
+                 firing, and a host whose clock or cron is late (by less than half the period) \
+                 skips:",
             ),
             Block::Example(&[
-                "0 3 * * * leaderrun --store postgres://app@db/jobs --name invoice-sweeper --min-hold 5m -- /opt/app/sweep.sh",
+                "0 3 * * * leaderrun --store postgres://app@db/jobs --name invoice-sweeper --once-per 1d -- /opt/app/sweep.sh",
             ]),
             Block::Para("A standby systemd service: every host runs it, one leads:"),
             Block::Example(&["ExecStart=/usr/bin/leaderrun -v --wait --name ingest -- /usr/bin/ingestd"]),

@@ -152,6 +152,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub max_term: Option<DurationArg>,
 
+    /// Run at most once per firing of a schedule (cron): skip, like a held lease, when a run of
+    /// this name started less than DUR/2 ago by the store's clock (2s to 365d; Postgres)
+    #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
+    pub once_per: Option<DurationArg>,
+
     /// Wait by polling only, without the store's push wake-ups (for a Postgres behind PgBouncer
     /// in transaction mode, where LISTEN does not work)
     #[arg(long)]

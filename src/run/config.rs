@@ -32,6 +32,9 @@ pub struct Job {
     pub timeout: Option<DurationArg>,
     pub min_hold: Option<Duration>,
     pub max_term: Option<Duration>,
+    /// `--once-per`, as typed (messages quote it), and its half: the rule's
+    /// window.
+    pub once_per: Option<(DurationArg, Duration)>,
     /// Use the store's push wake-ups while waiting (not `--no-push`).
     pub push: bool,
     pub conflict_exit_code: i32,
@@ -92,6 +95,10 @@ impl RunConfig {
                 "--timeout 0s gives up before the first attempt; leave out --wait to try once",
             ));
         }
+        let once_per = match run.once_per {
+            Some(p) => Some(once_per(p, run.wait, &store)?),
+            None => None,
+        };
         if run.command.first().is_none_or(|c| c.is_empty()) {
             return Err(usage("the command after -- must not be empty"));
         }
@@ -106,6 +113,7 @@ impl RunConfig {
             timeout: run.timeout,
             min_hold,
             max_term,
+            once_per,
             push: !run.no_push,
             conflict_exit_code: i32::from(run.conflict_exit_code),
             command: run.command,
@@ -113,6 +121,28 @@ impl RunConfig {
         };
         Ok(RunConfig { store, job })
     }
+}
+
+/// `--once-per`, checked before anything runs: its range, no `--wait`, and
+/// a store that keeps the rule (the others refuse it until they do).
+fn once_per(
+    period: DurationArg,
+    wait: bool,
+    store: &Store,
+) -> Result<(DurationArg, Duration), Error> {
+    let half = crate::timing::once_per_half(&period).map_err(usage)?;
+    if wait {
+        return Err(usage(
+            "--once-per cannot be used with --wait: a standby has no firing",
+        ));
+    }
+    if !store.once_per() {
+        return Err(usage(format!(
+            "--once-per is not supported on the {} store yet",
+            store.kind()
+        )));
+    }
+    Ok((period, half))
 }
 
 /// A refusal of the command line, in its own words.

@@ -12,6 +12,7 @@ use crate::duration::show;
 use crate::elector::{Lease, Lost};
 use crate::exit::Exit;
 use crate::stop::{Stop, StopPlan};
+use crate::store::{LeaseLock, Outcome};
 use crate::supervisor::{self, status_code};
 
 impl Run {
@@ -60,6 +61,8 @@ impl Run {
             epoch = lease.epoch,
             "command exited with status {code}"
         );
+        // The run record's end (under --once-per) goes with the release.
+        self.elector.lock.ending(Outcome::of(st));
         if gone {
             self.elector.release(lease, self.job.min_hold).await;
         } else {
@@ -105,6 +108,9 @@ impl Run {
             "command stopped (status {}); exiting 75",
             status_code(st)
         );
+        // Superseded: the row, and the run record with it, is someone
+        // else's now; nothing is written.
+        self.elector.lock.ending(Outcome::Lost);
         if gone && lost.reason != crate::elector::LossReason::Superseded {
             self.elector.release_after_loss(lease).await;
         }
@@ -128,6 +134,7 @@ impl Run {
         self.report.borrow_mut().lost();
         let stop = self.stop_now(lease);
         let (st, gone) = self.stop_command(child, stop, signals).await;
+        self.elector.lock.ending(Outcome::Killed);
         if gone {
             self.elector.release(lease, None).await;
         }
@@ -165,6 +172,7 @@ impl Run {
         // renewal's G + K, before the lease could pass on.
         let stop = self.stop_now(lease);
         let (st, gone) = self.stop_command(child, stop, signals).await;
+        self.elector.lock.ending(Outcome::Killed);
         let released = gone && self.elector.release(lease, None).await;
         self.report.borrow_mut().released();
         let successor = if released {

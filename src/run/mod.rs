@@ -26,7 +26,7 @@ use crate::exit::Exit;
 use crate::published::{Publisher, Standing};
 use crate::report::{self, Reporter};
 use crate::stop::StopPlan;
-use crate::store::{LeaseInfo, Lock};
+use crate::store::{LeaseInfo, LeaseLock, Lock, Outcome};
 use crate::supervisor;
 use crate::terminal::Terminal;
 use crate::tree::Cgroup;
@@ -166,7 +166,10 @@ impl Run {
             "store {store_shown}; holder {}",
             job.holder
         );
-        let lock = store.lock(job.name.clone(), job.holder.clone());
+        let mut lock = store.lock(job.name.clone(), job.holder.clone());
+        if let Some((_, half)) = &job.once_per {
+            lock.once_per(*half);
+        }
         let wakeups = if job.push { lock.wakeups() } else { None };
         let extends = lock.capabilities().failover_extends_lease;
         let mut elector = Elector::new(lock, clock, job.timing);
@@ -213,6 +216,20 @@ impl Run {
                         "lease {name} is held elsewhere; not running the command"
                     ),
                 }
+                Ok(Exit::Held(self.job.conflict_exit_code))
+            }
+            Waited::DoneThisPeriod { started_ms_ago } => {
+                // Info, like "held": the skip is the expected answer on every
+                // host but one, and a cron mail of it is noise.
+                let ago = crate::duration::show(crate::duration::about(Duration::from_millis(
+                    started_ms_ago.max(0) as u64,
+                )));
+                let per = self.job.once_per.as_ref().map(|(p, _)| p.to_string());
+                tracing::info!(
+                    event = "done_this_period",
+                    "lease {name}: this period's run started {ago} ago by the store's clock                      (--once-per {}); not running the command",
+                    per.unwrap_or_default()
+                );
                 Ok(Exit::Held(self.job.conflict_exit_code))
             }
             Waited::TimedOut => {
@@ -292,6 +309,7 @@ impl Run {
             Some(token) => token,
             None => {
                 self.finish_watchdog();
+                self.elector.lock.ending(Outcome::NotStarted);
                 self.elector.release(lease, None).await;
                 return Err(Error::Unguarded);
             }
@@ -334,6 +352,7 @@ impl Run {
             }
             Err(e) => {
                 self.finish_watchdog();
+                self.elector.lock.ending(Outcome::NotStarted);
                 self.elector.release(lease, None).await;
                 return Err(e.into());
             }
@@ -357,6 +376,7 @@ impl Run {
     /// nothing someone else took meanwhile.
     async fn lost_start(&mut self, lease: &Lease) {
         self.finish_watchdog();
+        self.elector.lock.ending(Outcome::NotStarted);
         self.elector.release_after_loss(lease).await;
         self.report.borrow_mut().released();
     }

@@ -66,6 +66,7 @@ pub mod etcd;
 mod lease;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+mod once;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -80,6 +81,7 @@ use std::time::Duration;
 
 pub use error::{ErrorKind, StoreError, UrlError};
 pub use lease::{Capabilities, GrantError, Init, LeaseInfo, Replication, Schema, MAX_STORED};
+pub use once::{Acquired, Outcome, RunRecord, NOT_STARTED};
 use target::parse;
 pub use target::{choose, Origin, ResolveError, Target};
 pub use wake::{Subscription, Wakeups};
@@ -186,6 +188,52 @@ pub(crate) trait Backend {
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError>;
 
+    /// Whether the store keeps `--once-per`'s rule and run record. The run
+    /// form refuses `--once-per` on a store that does not, before anything
+    /// runs; only such a store's default methods below are never called.
+    fn once_per(&self) -> bool {
+        false
+    }
+
+    /// Take the lease *and the period* in one atomic step: taken only when
+    /// the lease is free or expired and no run of this name started less
+    /// than `half` ago by the store's clock; the run record's start is
+    /// written in that step. Tells "held" from "done this period".
+    async fn acquire_once(
+        &mut self,
+        _key: &LeaseKey,
+        _lease: Duration,
+        _half: Duration,
+        _timeout: Duration,
+    ) -> Result<Acquired, StoreError> {
+        Err(StoreError::fatal(
+            "--once-per is not supported on this store",
+        ))
+    }
+
+    /// Release (as `release`) and write the run record's end and outcome
+    /// in the same step, where the record is this holder's at `epoch`.
+    async fn release_ending(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        _outcome: Outcome,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        self.release(key, epoch, keep, timeout).await
+    }
+
+    /// The run records (of `name`, or every name that has one). A store
+    /// or table that keeps none has none.
+    async fn run_records(
+        &mut self,
+        _name: Option<&str>,
+        _timeout: Duration,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+
     /// Extend the lease to `lease` from now; `false` when it is no longer
     /// `key`'s at `epoch`.
     async fn renew(
@@ -255,6 +303,35 @@ impl Store {
         each!(self, b => b.wakeups(name))
     }
 
+    /// Whether the store keeps `--once-per`'s rule and record.
+    pub fn once_per(&self) -> bool {
+        each!(self, b => b.once_per())
+    }
+
+    /// The kind of store, as the refusal of a flag it lacks names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => "Postgres",
+            #[cfg(feature = "mysql")]
+            Store::MySql(_) => "MySQL/MariaDB",
+            #[cfg(feature = "redis")]
+            Store::Redis(_) => "Redis",
+            #[cfg(feature = "etcd")]
+            Store::Etcd(_) => "etcd",
+            Store::Sqlite(_) => "embedded",
+        }
+    }
+
+    /// The run records of `name`, or of every name (see `Backend::run_records`).
+    pub async fn run_records(
+        &mut self,
+        name: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        each!(self, b => b.run_records(name, timeout).await)
+    }
+
     /// The table's SQL, for stores that keep one.
     pub fn schema(&self) -> Option<Schema> {
         each!(self, b => b.schema())
@@ -297,6 +374,8 @@ impl Store {
                 name: name.into(),
                 holder: holder.into(),
             },
+            half_period: None,
+            ending: None,
         }
     }
 }
@@ -308,12 +387,22 @@ pub trait LeaseLock {
     /// The push wake-ups this lock can hand out.
     type Wakeups: Wakeups;
 
-    /// Take the lease for `lease`; `Some(epoch)` when taken, `None` when held.
+    /// Take the lease for `lease`; `Some(epoch)` when taken, `None` when
+    /// held (or, under `--once-per`, done this period).
     async fn acquire(
         &mut self,
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError>;
+
+    /// What the elector calls: `acquire`, telling (under `--once-per`)
+    /// "held" from "done this period".
+    async fn take(&mut self, lease: Duration, timeout: Duration) -> Result<Acquired, StoreError> {
+        Ok(match self.acquire(lease, timeout).await? {
+            Some(epoch) => Acquired::Taken(epoch),
+            None => Acquired::Held,
+        })
+    }
 
     /// Extend the lease to `lease` from now; `false` when it is no longer ours.
     async fn renew(
@@ -335,6 +424,10 @@ pub trait LeaseLock {
     /// The lease as the store has it, whoever holds it.
     async fn inspect(&mut self, timeout: Duration) -> Result<Option<LeaseInfo>, StoreError>;
 
+    /// How the run on this lease ended, for the run record the next
+    /// release writes (`--once-per`); a lock that keeps none ignores it.
+    fn ending(&mut self, _outcome: Outcome) {}
+
     /// The store as messages name it (no password).
     fn shown(&self) -> String {
         "the store".into()
@@ -347,6 +440,10 @@ pub trait LeaseLock {
 pub struct Lock {
     store: Store,
     key: LeaseKey,
+    /// `--once-per`'s half period: acquires then take the period too.
+    half_period: Option<Duration>,
+    /// How the run ended, written with the release (`--once-per` only).
+    ending: Option<Outcome>,
 }
 
 impl Lock {
@@ -366,6 +463,13 @@ impl Lock {
     pub fn wakeups(&self) -> Option<Subscription> {
         self.store.wakeups(&self.key.name)
     }
+
+    /// Acquire under `--once-per` with this half period: every acquire
+    /// then also takes the period and writes the run record's start. The
+    /// run form has checked that the store keeps the rule.
+    pub fn once_per(&mut self, half: Duration) {
+        self.half_period = Some(half);
+    }
 }
 
 impl LeaseLock for Lock {
@@ -380,8 +484,25 @@ impl LeaseLock for Lock {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
+        Ok(match self.take(lease, timeout).await? {
+            Acquired::Taken(epoch) => Some(epoch),
+            Acquired::Held | Acquired::DoneThisPeriod { .. } => None,
+        })
+    }
+
+    async fn take(&mut self, lease: Duration, timeout: Duration) -> Result<Acquired, StoreError> {
         let key = &self.key;
-        each!(&mut self.store, b => b.acquire(key, lease, timeout).await)
+        match self.half_period {
+            Some(half) => {
+                each!(&mut self.store, b => b.acquire_once(key, lease, half, timeout).await)
+            }
+            None => Ok(
+                match each!(&mut self.store, b => b.acquire(key, lease, timeout).await)? {
+                    Some(epoch) => Acquired::Taken(epoch),
+                    None => Acquired::Held,
+                },
+            ),
+        }
     }
 
     async fn renew(
@@ -401,11 +522,24 @@ impl LeaseLock for Lock {
         timeout: Duration,
     ) -> Result<bool, StoreError> {
         let key = &self.key;
-        each!(&mut self.store, b => b.release(key, epoch, keep, timeout).await)
+        match self.ending {
+            Some(outcome) => {
+                each!(&mut self.store, b => b.release_ending(key, epoch, keep, outcome, timeout).await)
+            }
+            None => each!(&mut self.store, b => b.release(key, epoch, keep, timeout).await),
+        }
     }
 
     async fn inspect(&mut self, timeout: Duration) -> Result<Option<LeaseInfo>, StoreError> {
         self.store.inspect(&self.key.name, timeout).await
+    }
+
+    /// Written into the run record by the release that follows (under
+    /// `--once-per`; otherwise a release is a release).
+    fn ending(&mut self, outcome: Outcome) {
+        if self.half_period.is_some() {
+            self.ending = Some(outcome);
+        }
     }
 }
 

@@ -62,8 +62,8 @@ use super::session::{Connect, Session};
 use super::sql::{self, lease_info, millis};
 use super::wake::Subscription;
 use super::{
-    Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Schema, Store, StoreError,
-    Target,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Replication, RunRecord,
+    Schema, Store, StoreError, Target,
 };
 
 pub use self::statements::{SCHEMA, TABLE_SQL, UPGRADE_SQL};
@@ -293,22 +293,26 @@ impl PgStore {
 
 /// Whether the row's `synchronous_commit`, `synchronous_standby_names`
 /// (from `at`) make commits wait for a standby.
-impl Backend for PgStore {
-    async fn acquire(
+impl PgStore {
+    /// The acquire, plain or (with `half`) under `--once-per`'s rule.
+    async fn acquire_in(
         &mut self,
         key: &LeaseKey,
         lease: Duration,
+        half: Option<Duration>,
         timeout: Duration,
-    ) -> Result<Option<i64>, StoreError> {
+    ) -> Result<Acquired, StoreError> {
         let (name, holder) = (key.name.as_str(), key.holder.as_str());
         const WHAT: &str = "cannot acquire in";
         if self.require_sync {
             self.check_sync(timeout).await?;
         }
         let ms = millis(lease);
+        let half_ms = half.map(millis);
         let ran = self
-            .run(timeout, WHAT, true, |cols| {
-                acquire_sql(name, holder, ms, cols)
+            .run(timeout, WHAT, true, |cols| match half_ms {
+                Some(h) => acquire_once_sql(name, holder, ms, h, cols),
+                None => acquire_sql(name, holder, ms, cols),
             })
             .await?;
         let tag = |r: &PgRow| r.try_get::<String, _>(0).unwrap_or_default();
@@ -321,7 +325,14 @@ impl Backend for PgStore {
             );
         }
         let Some(row) = ran.rows.iter().find(|r| tag(r) == "taken") else {
-            return Ok(None);
+            return Ok(match ran.rows.iter().find(|r| tag(r) == "done") {
+                Some(r) => Acquired::DoneThisPeriod {
+                    started_ms_ago: r
+                        .try_get::<i64, _>(1)
+                        .map_err(|e| self.s.c.classify(WHAT, e))?,
+                },
+                None => Acquired::Held,
+            });
         };
         let (epoch, sync) = row
             .try_get::<i64, _>(1)
@@ -332,14 +343,16 @@ impl Backend for PgStore {
             None if self.require_sync && !sync => {
                 "the commit did not wait for a synchronous standby (require=sync)".into()
             }
-            None => return Ok(Some(epoch)),
+            None => return Ok(Acquired::Taken(epoch)),
         };
         // Not a lease to run on: handed back at once, at that epoch only,
         // so no one waits out L for it (a failure to hand back leaves it to
         // expire, which is only slower).
         let handed = self
             .run(timeout, "cannot release in", false, |cols| {
-                release_sql(name, holder, epoch, 0, cols)
+                // Under --once-per nothing ran: the period is not used up.
+                let ending = half.map(|_| crate::store::NOT_STARTED);
+                release_sql(name, holder, epoch, 0, ending, cols)
             })
             .await
             .is_ok_and(|r| r.rows.len() == 1);
@@ -353,6 +366,135 @@ impl Backend for PgStore {
                 "it could not be handed back and expires by itself"
             }
         )))
+    }
+
+    /// A `--once-per` acquire that found the table without the run
+    /// record's columns (made by an earlier release): add them, where this
+    /// login may (the table's owner), and say so; where it may not, a
+    /// refusal that names the one statement to run. A run without
+    /// `--once-per` never gets here: the table works for it as it is.
+    async fn add_run_columns(&mut self, timeout: Duration) -> Result<(), StoreError> {
+        match self
+            .run(
+                timeout,
+                "cannot add columns to leader_lease in",
+                false,
+                |_| Ok(UPGRADE_SQL.to_string()),
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(
+                    event = "store_schema",
+                    "added the run record's columns to leader_lease (for --once-per)"
+                );
+                Ok(())
+            }
+            Err(e) if e.may_heal() => Err(e),
+            Err(e) => Err(StoreError::fatal(format!(
+                "{e}: table leader_lease was made by an earlier release and lacks the columns \
+                 --once-per keeps its run record in; run `{UPGRADE_SQL}` as the table's owner \
+                 (or `leaderrun init` as it)"
+            ))),
+        }
+    }
+}
+
+/// Whether `e` is the server's "undefined column" (42703): a table made by
+/// an earlier release, met by a statement that names a newer column.
+fn lacks_column(e: &StoreError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<sqlx::Error>())
+        .is_some_and(|e| is_code(e, UNDEFINED_COLUMN))
+}
+
+impl Backend for PgStore {
+    async fn acquire(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(match self.acquire_in(key, lease, None, timeout).await? {
+            Acquired::Taken(epoch) => Some(epoch),
+            Acquired::Held | Acquired::DoneThisPeriod { .. } => None,
+        })
+    }
+
+    fn once_per(&self) -> bool {
+        true
+    }
+
+    async fn acquire_once(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        half: Duration,
+        timeout: Duration,
+    ) -> Result<Acquired, StoreError> {
+        match self.acquire_in(key, lease, Some(half), timeout).await {
+            Err(e) if lacks_column(&e) => {
+                self.add_run_columns(timeout).await?;
+                self.acquire_in(key, lease, Some(half), timeout).await
+            }
+            done => done,
+        }
+    }
+
+    async fn release_ending(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        outcome: Outcome,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
+        let (ms, outcome) = (millis(keep), outcome.to_string());
+        self.update("cannot release in", timeout, |cols| {
+            release_sql(name, holder, epoch, ms, Some(&outcome), cols)
+        })
+        .await
+    }
+
+    async fn run_records(
+        &mut self,
+        name: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        const WHAT: &str = "cannot read";
+        if self.cols == Columns::Legacy {
+            // An older release's table (no `timeline`) has no run record
+            // either: the upgrade adds them together.
+            return Ok(Vec::new());
+        }
+        let ran = match self
+            .run(timeout, WHAT, false, |cols| match cols {
+                Columns::WithTimeline => run_records_sql(name),
+                Columns::Legacy => Err(sqlx::Error::Encode("no run record columns".into())),
+            })
+            .await
+        {
+            // A table made before the run record keeps none.
+            Err(e) if lacks_column(&e) => return Ok(Vec::new()),
+            ran => ran?,
+        };
+        ran.rows
+            .iter()
+            .map(|r| {
+                Ok(RunRecord {
+                    name: r.try_get(0)?,
+                    holder: r.try_get(1)?,
+                    epoch: r.try_get::<Option<i64>, _>(2)?.unwrap_or_default(),
+                    outcome: r.try_get(3)?,
+                    started_at: r.try_get::<Option<String>, _>(4)?.unwrap_or_default(),
+                    started_ms_ago: r.try_get::<Option<i64>, _>(5)?.unwrap_or_default(),
+                    ended_at: r.try_get(6)?,
+                    ended_ms_ago: r.try_get(7)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.s.c.classify(WHAT, e))
     }
 
     async fn renew(
@@ -380,7 +522,7 @@ impl Backend for PgStore {
         let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let ms = millis(keep);
         self.update("cannot release in", timeout, |cols| {
-            release_sql(name, holder, epoch, ms, cols)
+            release_sql(name, holder, epoch, ms, None, cols)
         })
         .await
     }
@@ -499,18 +641,19 @@ impl Backend for PgStore {
 }
 
 impl PgStore {
-    /// Add the `timeline` column to a table made by an older release, when
-    /// it is missing and this role may (the table's owner); otherwise say
-    /// so once and leave the table as it is: it keeps working.
+    /// Add the columns a table made by an older release lacks (`timeline`,
+    /// the run record's), when any is missing and this role may (the
+    /// table's owner); otherwise say so once and leave the table as it is:
+    /// it keeps working for every run but a `--once-per` one.
     pub async fn upgrade(&mut self, timeout: Duration) {
         let has = self
             .run(timeout, "cannot read", false, |_| {
-                Ok(HAS_TIMELINE_SQL.to_string())
+                Ok(HAS_COLUMNS_SQL.to_string())
             })
             .await
             .ok()
             .and_then(|r| r.rows.first().and_then(|r| r.try_get::<i64, _>(0).ok()));
-        if has != Some(0) {
+        if has.is_none_or(|n| n >= UPGRADE_COLUMNS) {
             return;
         }
         match self
@@ -523,13 +666,14 @@ impl PgStore {
                 self.cols = Columns::WithTimeline;
                 tracing::info!(
                     event = "store_schema",
-                    "added column timeline to leader_lease"
+                    "added the missing columns (timeline, run_*) to leader_lease"
                 );
             }
             Err(e) => tracing::warn!(
                 event = "store_schema",
-                "{e} (the table works without it, but a lease written on another timeline is \
-                 not adopted after a failover: run `{UPGRADE_SQL}` as the table's owner)"
+                "{e} (the table works without them, but a lease written on another timeline \
+                 is not adopted after a failover and --once-per cannot run: run \
+                 `{UPGRADE_SQL}` as the table's owner)"
             ),
         }
     }

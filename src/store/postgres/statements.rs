@@ -11,17 +11,29 @@ macro_rules! table_sql {
     holder     text,
     epoch      bigint NOT NULL DEFAULT 0,
     expires_at timestamptz NOT NULL DEFAULT '-infinity',
-    timeline   bigint
+    timeline   bigint,
+    run_started_at timestamptz,
+    run_ended_at   timestamptz,
+    run_holder     text,
+    run_epoch      bigint,
+    run_outcome    text
 )"
     };
 }
 
-/// Brings a table made by an older release (without `timeline`) up to
-/// date; idempotent. Needs the table's owner (ALTER); a role with only
-/// SELECT, INSERT, UPDATE keeps working without it (see [`Columns`]).
+/// Brings a table made by an older release (without `timeline`, or without
+/// the run record's columns, `run_*`, that `--once-per` keeps) up to date,
+/// in one statement; idempotent. Needs the table's owner (ALTER); a role
+/// with only SELECT, INSERT, UPDATE keeps working without it for every run
+/// but a `--once-per` one (see [`Columns`]), which names this statement.
 macro_rules! upgrade_sql {
     () => {
-        "ALTER TABLE leader_lease ADD COLUMN IF NOT EXISTS timeline bigint"
+        "ALTER TABLE leader_lease ADD COLUMN IF NOT EXISTS timeline bigint, \
+ADD COLUMN IF NOT EXISTS run_started_at timestamptz, \
+ADD COLUMN IF NOT EXISTS run_ended_at timestamptz, \
+ADD COLUMN IF NOT EXISTS run_holder text, \
+ADD COLUMN IF NOT EXISTS run_epoch bigint, \
+ADD COLUMN IF NOT EXISTS run_outcome text"
     };
 }
 
@@ -38,9 +50,13 @@ pub const SCHEMA: Schema = Schema {
 pub(super) const EXISTS_SQL: &str =
     "SELECT CASE WHEN to_regclass('leader_lease') IS NULL THEN 0::int8 ELSE 1::int8 END";
 
-/// Whether the table has the `timeline` column (1) or not (0).
-pub(super) const HAS_TIMELINE_SQL: &str = "SELECT count(*)::int8 FROM pg_attribute
-    WHERE attrelid = to_regclass('leader_lease') AND attname = 'timeline' AND NOT attisdropped";
+/// How many of the columns [`UPGRADE_SQL`] adds the table has: all of
+/// them ([`UPGRADE_COLUMNS`]) or fewer.
+pub(super) const HAS_COLUMNS_SQL: &str = "SELECT count(*)::int8 FROM pg_attribute
+    WHERE attrelid = to_regclass('leader_lease') AND NOT attisdropped
+      AND attname IN ('timeline', 'run_started_at', 'run_ended_at', 'run_holder', 'run_epoch',
+                      'run_outcome')";
+pub(super) const UPGRADE_COLUMNS: i64 = 6;
 
 /// The server's WAL timeline: the first 8 hex digits of the name of the WAL
 /// file being written. It changes the moment a standby is promoted (the
@@ -122,6 +138,84 @@ pub(super) fn acquire_sql(
     })
 }
 
+/// A period's window: `half` milliseconds.
+fn window(half_ms: i64) -> String {
+    format!("make_interval(secs => {half_ms}::float8 / 1000)")
+}
+
+/// What a statement built for `--once-per` says when the store has fallen
+/// back to an older release's table: it needs the columns that table lacks.
+fn needs_run_columns() -> sqlx::Error {
+    sqlx::Error::Encode("--once-per on a table without its columns".into())
+}
+
+// `--once-per`: the acquire above (a table with every column: `run_*`
+// come with `timeline`), whose takeover also requires that no run of this
+// name started less than `half` ago by this server's clock, and which
+// writes the run record's start (start, holder, epoch; no end, no outcome)
+// in the same statement. The conflict branch evaluates both conditions on
+// the latest committed row under its lock, so of racers in one period one
+// takes it, whichever way the row lock falls; a racer that waited sees the
+// winner's start. A new row is a first run. The third statement tells the
+// two ways of not taking apart: it answers only when the period's run
+// started less than `half` ago (`now()` is the transaction's start in all
+// three, so it is the exact complement of the second's condition), and
+// only when nothing was taken is it looked at. A run whose command never
+// started (its record's outcome `not started`: handed back after a freeze,
+// a late confirmation, a commit not durable) does not count: the period is
+// still to run.
+pub(super) fn acquire_once_sql(
+    name: &str,
+    holder: &str,
+    ms: i64,
+    half_ms: i64,
+    cols: Columns,
+) -> Result<String, sqlx::Error> {
+    if cols == Columns::Legacy {
+        return Err(needs_run_columns());
+    }
+    let (name, holder) = (text(name)?, text(holder)?);
+    let end = lease_end(ms);
+    let window = window(half_ms);
+    let not_started = text(crate::store::NOT_STARTED)?;
+    let started = clamped("run_started_at");
+    Ok(format!(
+        "WITH t AS (SELECT {TIMELINE} AS tl)
+     UPDATE leader_lease l SET expires_at = greatest(l.expires_at, {end}), timeline = t.tl
+       FROM t
+      WHERE l.name = {name} AND l.holder IS NOT NULL AND l.timeline IS DISTINCT FROM t.tl
+     RETURNING 'adopted'::text, l.epoch;
+     WITH t AS (SELECT {TIMELINE} AS tl)
+     INSERT INTO leader_lease AS l (name, holder, epoch, expires_at, timeline,
+                                    run_started_at, run_ended_at, run_holder, run_epoch, run_outcome)
+     SELECT {name}, {holder}, (t.tl - 1) * 4294967296 + 1, {end}, t.tl,
+            now(), NULL, {holder}, (t.tl - 1) * 4294967296 + 1, NULL FROM t
+     ON CONFLICT (name) DO UPDATE
+        SET holder = EXCLUDED.holder, epoch = greatest(l.epoch + 1, EXCLUDED.epoch),
+            expires_at = EXCLUDED.expires_at, timeline = EXCLUDED.timeline,
+            run_started_at = now(), run_ended_at = NULL, run_holder = EXCLUDED.holder,
+            run_epoch = greatest(l.epoch + 1, EXCLUDED.epoch), run_outcome = NULL
+      WHERE (l.holder IS NULL
+             OR (l.expires_at <= now() AND l.timeline IS NOT DISTINCT FROM EXCLUDED.timeline))
+        AND (l.run_started_at IS NULL OR l.run_started_at <= now() - {window}
+             OR l.run_outcome IS NOT DISTINCT FROM {not_started})
+     RETURNING 'taken'::text, l.epoch, {SYNC_COLUMNS};
+     SELECT 'done'::text,
+            greatest(0, least(extract(epoch FROM now() - {started}) * 1000, {MAX_MS}))::bigint
+       FROM leader_lease WHERE name = {name} AND run_started_at > now() - {window}
+        AND run_outcome IS DISTINCT FROM {not_started}"
+    ))
+}
+
+/// Ten years in milliseconds: a time shown is clamped to it.
+const MAX_MS: i64 = 10 * 366 * 24 * 3600 * 1000;
+
+/// Column `c` clamped to ten years either side of now, so that arithmetic
+/// on a row written by hand (`infinity`) cannot fail the statement.
+fn clamped(c: &str) -> String {
+    format!("least(greatest({c}, now() - interval '10 years'), now() + interval '10 years')")
+}
+
 /// `, timeline = <this server's>` where the table records it.
 pub(super) fn set_timeline(cols: Columns) -> String {
     match cols {
@@ -167,18 +261,37 @@ pub(super) fn renew_sql(
 // NOTIFY is delivered at the commit that frees the lease, never before it
 // and never without it. (A SELECT in a WITH runs only when it is used: the
 // final join makes it run.) One row per lease released.
+//
+// With an `ending` (`--once-per`), the same statement writes the run
+// record's end and outcome, where the record is this holder's at this
+// epoch (it is: this holder's acquire wrote it, and no one else's can have
+// since while the lease row still names us).
 pub(super) fn release_sql(
     name: &str,
     holder: &str,
     epoch: i64,
     keep: i64,
+    ending: Option<&str>,
     cols: Columns,
 ) -> Result<String, sqlx::Error> {
     let (name, holder) = (text(name)?, text(holder)?);
+    let ended = match ending {
+        None => String::new(),
+        Some(_) if cols == Columns::Legacy => return Err(needs_run_columns()),
+        Some(outcome) => {
+            let mine = format!("run_holder = {holder} AND run_epoch = {epoch}");
+            format!(
+                ",
+            run_ended_at = CASE WHEN {mine} THEN now() ELSE run_ended_at END,
+            run_outcome = CASE WHEN {mine} THEN {} ELSE run_outcome END",
+                text(outcome)?
+            )
+        }
+    };
     Ok(format!(
         "WITH r AS (UPDATE leader_lease
         SET holder = CASE WHEN {keep}::bigint > 0 THEN holder END,
-            expires_at = {end}{tl}
+            expires_at = {end}{tl}{ended}
       WHERE name = {name} AND holder = {holder} AND epoch = {epoch}
      RETURNING name, holder, epoch),
      n AS (SELECT pg_notify('leaderrun_released', name) FROM r WHERE holder IS NULL)
@@ -197,6 +310,31 @@ macro_rules! columns {
         (extract(epoch FROM (least(greatest(expires_at, now() - interval '10 years'),
                                    now() + interval '10 years') - now())) * 1000)::bigint"
     };
+}
+
+/// The run records (`--once-per`): start and end by the server's clock, as
+/// RFC 3339 in UTC and as milliseconds ago (clamped as above).
+pub(super) fn run_records_sql(name: Option<&str>) -> Result<String, sqlx::Error> {
+    let only = match name {
+        Some(n) => format!(" AND name = {}", text(n)?),
+        None => String::new(),
+    };
+    let at =
+        |c: &str| format!("to_char({c} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')");
+    let ago = |c: &str| {
+        format!(
+            "(extract(epoch FROM now() - {}) * 1000)::bigint",
+            clamped(c)
+        )
+    };
+    Ok(format!(
+        "SELECT name, run_holder, run_epoch, run_outcome, {}, {}, {}, {}
+       FROM leader_lease WHERE run_started_at IS NOT NULL{only} ORDER BY name",
+        at("run_started_at"),
+        ago("run_started_at"),
+        at("run_ended_at"),
+        ago("run_ended_at"),
+    ))
 }
 
 pub(super) const LIST_SQL: &str =
@@ -314,7 +452,9 @@ mod tests {
     fn release_and_clear_notify_the_channel_waiters_listen_on() {
         let notify = format!("pg_notify('{}', name)", super::super::wake::PG_CHANNEL);
         for cols in [Columns::WithTimeline, Columns::Legacy] {
-            assert!(release_sql("n", "h", 1, 0, cols).unwrap().contains(&notify));
+            assert!(release_sql("n", "h", 1, 0, None, cols)
+                .unwrap()
+                .contains(&notify));
         }
         assert!(clear_sql("n", None).unwrap().contains(&notify));
     }
@@ -326,10 +466,44 @@ mod tests {
         let legacy = [
             acquire_sql("n", "h", 1, Columns::Legacy).unwrap(),
             renew_sql("n", "h", 1, 1, Columns::Legacy).unwrap(),
-            release_sql("n", "h", 1, 1, Columns::Legacy).unwrap(),
+            release_sql("n", "h", 1, 1, None, Columns::Legacy).unwrap(),
         ];
         for s in legacy {
             assert!(!s.contains("timeline"), "{s}");
         }
+    }
+
+    /// A run without `--once-per` sends exactly the statements it sent
+    /// before the run record existed: none of them names a `run_*` column,
+    /// so a table made before them, with the grants it had, keeps working.
+    #[test]
+    fn statements_without_once_per_do_not_name_the_run_record() {
+        for cols in [Columns::WithTimeline, Columns::Legacy] {
+            for s in [
+                acquire_sql("n", "h", 1, cols).unwrap(),
+                renew_sql("n", "h", 1, 1, cols).unwrap(),
+                release_sql("n", "h", 1, 1, None, cols).unwrap(),
+            ] {
+                // (`leaderrun_released`, the channel, is not a column.)
+                assert!(!s.replace("leaderrun_", "").contains("run_"), "{s}");
+            }
+        }
+        assert!(!LIST_SQL.contains("run_"));
+        assert!(!inspect_sql("n").unwrap().contains("run_"));
+    }
+
+    /// The once-per statements refuse an older release's table rather than
+    /// fall back to statements that would not keep the rule.
+    #[test]
+    fn once_per_statements_need_the_run_columns() {
+        assert!(acquire_once_sql("n", "h", 1, 1, Columns::Legacy).is_err());
+        assert!(release_sql("n", "h", 1, 0, Some("exit 0"), Columns::Legacy).is_err());
+        let s = acquire_once_sql("n", "h", 1000, 500, Columns::WithTimeline).unwrap();
+        assert!(
+            s.contains("run_started_at <= now() - make_interval(secs => 500"),
+            "{s}"
+        );
+        let s = release_sql("n", "h", 7, 0, Some("exit 3"), Columns::WithTimeline).unwrap();
+        assert!(s.contains("E'exit 3'"), "{s}");
     }
 }

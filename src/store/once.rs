@@ -1,0 +1,80 @@
+//! `--once-per`: what an acquire under the rule found, and the run record a
+//! store keeps per name (docs/stores.md, "Once per period").
+
+/// What an acquire found. Without `--once-per` only `Taken` and `Held`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquired {
+    /// The lease is ours at this epoch (and, under the rule, so is the period).
+    Taken(i64),
+    /// Someone else holds the lease.
+    Held,
+    /// A run of this name started less than half a period ago by the
+    /// store's clock: this firing's run has happened (or is happening).
+    DoneThisPeriod {
+        /// How long ago, by the store's clock, that run started.
+        started_ms_ago: i64,
+    },
+}
+
+/// The last `--once-per` run of a name, as the store keeps it; it outlives
+/// the lease. Times are by the store's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRecord {
+    pub name: String,
+    /// When the run started (acquired the lease and the period), RFC 3339, UTC.
+    pub started_at: String,
+    pub started_ms_ago: i64,
+    /// When its end was written; `None` while it runs, and for a run whose
+    /// leaderrun was killed before it could write one (never made up).
+    pub ended_at: Option<String>,
+    pub ended_ms_ago: Option<i64>,
+    pub holder: Option<String>,
+    pub epoch: i64,
+    /// `exit N`, `signal N`, `lost`, `killed`, `not started`; `None` with no end.
+    pub outcome: Option<String>,
+}
+
+/// The outcome of a run whose command never started (handed back after a
+/// freeze, a confirmation too late, a commit not durable, a failed spawn).
+/// The rule does not count it: the period is still to run.
+pub const NOT_STARTED: &str = "not started";
+
+/// How a `--once-per` run ended, as the record's outcome says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The command exited with this status.
+    Exit(i32),
+    /// The command died of this signal.
+    Signal(i32),
+    /// The lease was lost; the command was stopped.
+    Lost,
+    /// leaderrun stopped the command (`--max-term`, no watchdog).
+    Killed,
+    /// The lease was had, but the command never started.
+    NotStarted,
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Exit(n) => write!(f, "exit {n}"),
+            Outcome::Signal(n) => write!(f, "signal {n}"),
+            Outcome::Lost => f.write_str("lost"),
+            Outcome::Killed => f.write_str("killed"),
+            Outcome::NotStarted => f.write_str(NOT_STARTED),
+        }
+    }
+}
+
+impl Outcome {
+    /// How a reaped command ended.
+    pub fn of(st: std::process::ExitStatus) -> Outcome {
+        use std::os::unix::process::ExitStatusExt;
+        match (st.code(), st.signal()) {
+            (Some(c), _) => Outcome::Exit(c),
+            (None, Some(s)) => Outcome::Signal(s),
+            // Neither: a stopped or continued status, never a reaped one.
+            (None, None) => Outcome::Killed,
+        }
+    }
+}

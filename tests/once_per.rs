@@ -1,0 +1,526 @@
+//! `--once-per`: a firing runs the command unless a run of that name
+//! started less than half the period ago by the store's clock; the run
+//! record in `status`; the upgrade of a table made before the record
+//! existed. Against a real Postgres, directly and through PgBouncer in
+//! both pooling modes; every other store refuses the flag for now.
+
+use std::path::Path;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use crate::support::pgbouncer::{Bouncer, Mode};
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+/// The status a skipped firing exits with here (`--conflict-exit-code`),
+/// told apart from the command's own 0.
+const SKIP: i32 = 3;
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"))
+}
+
+/// `leaderrun --store URL status --name NAME --json`.
+fn status_json(url: &str, name: &str) -> serde_json::Value {
+    let mut c = leaderrun();
+    c.args(["--store", url, "status", "--name", name, "--json"]);
+    let out = run(c);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    json(&out.stdout)
+}
+
+/// A firing of `name` once per `period` whose command appends `line` to
+/// `runs`, and sleeps `hold` (so that racers meet a held lease too).
+fn firing(url: &str, name: &str, period: &str, runs: &Path, line: &str, hold: &str) -> Child {
+    let script = format!("echo {line} >> {}; sleep {hold}", runs.display());
+    let mut c = lr(
+        url,
+        name,
+        &[
+            "-v",
+            "--once-per",
+            period,
+            "--conflict-exit-code",
+            &SKIP.to_string(),
+        ],
+        &script,
+    );
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    c.spawn().expect("spawn leaderrun")
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Six firings of one period at once: one runs, five skip with the event
+/// that says the period's run is done (not merely "held").
+fn six_racing_firings_run_once(url: &str) {
+    let dir = TempDir::new("once-race");
+    let runs = dir.file("runs");
+    let kids: Vec<Child> = (0..6)
+        .map(|_| firing(url, "race", "1h", &runs, "ran", "0.3"))
+        .collect();
+    let outs: Vec<_> = kids
+        .into_iter()
+        .map(|k| k.wait_with_output().expect("wait"))
+        .collect();
+    let codes: Vec<_> = outs.iter().map(|o| o.status.code()).collect();
+    assert_eq!(lines(&runs), ["ran"], "codes {codes:?}");
+    assert_eq!(
+        codes.iter().filter(|c| **c == Some(0)).count(),
+        1,
+        "{codes:?}"
+    );
+    assert_eq!(
+        codes.iter().filter(|c| **c == Some(SKIP)).count(),
+        5,
+        "{codes:?}"
+    );
+    for o in outs.iter().filter(|o| o.status.code() == Some(SKIP)) {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("this period's run started"), "{err}");
+    }
+}
+
+#[test]
+fn six_racing_firings_run_once_on_postgres() {
+    let pg = Pg::start();
+    six_racing_firings_run_once(&pg.url());
+}
+
+#[test]
+fn six_racing_firings_run_once_through_pgbouncer_in_transaction_mode() {
+    let pg = Pg::start();
+    let b = Bouncer::start(&pg, Mode::Transaction);
+    six_racing_firings_run_once(&b.url());
+    record_of_a_run(&b.url());
+}
+
+#[test]
+fn six_racing_firings_run_once_through_pgbouncer_in_session_mode() {
+    let pg = Pg::start();
+    let b = Bouncer::start(&pg, Mode::Session);
+    six_racing_firings_run_once(&b.url());
+    record_of_a_run(&b.url());
+}
+
+/// One schedule (`--once-per 4s`) fired by three contenders whose clocks
+/// disagree and whose cron is late by different amounts: each window's
+/// three firings come at offsets spread over most of the half period, in a
+/// different order each window. The rule is by the store's clock, so host
+/// skew is exactly such an offset. Every window runs the job exactly once.
+#[test]
+fn skewed_and_late_firings_run_once_per_window() {
+    let pg = Pg::start();
+    let url = pg.url();
+    let dir = TempDir::new("once-skew");
+    let runs = dir.file("runs");
+    let period = Duration::from_secs(4);
+    let half = period / 2;
+    // Offsets within a window: 0, 30 % and 65 % of the half period; the
+    // spread (65 %) leaves the store's round trips and process start-up a
+    // third of the half period.
+    let offsets = [0.0, 0.3, 0.65].map(|f| half.mul_f64(f));
+    let windows = 4usize;
+    let t0 = Instant::now() + SEC;
+    let mut kids = Vec::new();
+    let mut schedule: Vec<(Instant, usize)> = (0..windows)
+        .flat_map(|w| {
+            (0..3).map(move |host| {
+                // Each host's lateness rotates from window to window.
+                let at = t0 + period * w as u32 + offsets[(host + w) % 3];
+                (at, w)
+            })
+        })
+        .collect();
+    schedule.sort();
+    for (at, w) in schedule {
+        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        kids.push((
+            w,
+            firing(&url, "skewed", "4s", &runs, &w.to_string(), "0.1"),
+        ));
+    }
+    let mut skipped = vec![0; windows];
+    for (w, k) in kids {
+        let o = k.wait_with_output().expect("wait");
+        match o.status.code() {
+            Some(0) => {}
+            Some(SKIP) => skipped[w] += 1,
+            c => panic!("{c:?}: {}", String::from_utf8_lossy(&o.stderr)),
+        }
+    }
+    let got = lines(&runs);
+    for w in 0..windows {
+        let ran = got.iter().filter(|l| **l == w.to_string()).count();
+        assert_eq!(ran, 1, "window {w}: {got:?}");
+        assert_eq!(skipped[w], 2, "window {w}: {skipped:?}");
+    }
+    eprintln!(
+        "skewed firings: {} firings, {} runs, 0 double runs, 0 missed windows",
+        3 * windows,
+        got.len()
+    );
+}
+
+/// A firing less than half a period after the last run's start skips; one
+/// past it (by the store's clock, read from the record) runs again.
+#[test]
+fn a_firing_past_half_the_period_runs_again() {
+    let pg = Pg::start();
+    let url = pg.url();
+    let dir = TempDir::new("once-again");
+    let runs = dir.file("runs");
+    let fire = || {
+        firing(&url, "again", "2s", &runs, "ran", "0")
+            .wait_with_output()
+            .expect("wait")
+    };
+    assert_eq!(fire().status.code(), Some(0));
+    let o = fire();
+    assert_eq!(
+        o.status.code(),
+        Some(SKIP),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(lines(&runs).len(), 1);
+    // Waits on the store's own clock: the record says how long ago the run
+    // started.
+    wait_for(
+        "half the period to pass by the store's clock",
+        10 * SEC,
+        || {
+            status_json(&url, "again")["last_run"]["started_ms_ago"]
+                .as_i64()
+                .is_some_and(|ms| ms >= 1000)
+        },
+    );
+    assert_eq!(fire().status.code(), Some(0));
+    assert_eq!(lines(&runs).len(), 2);
+    // Without -v a skip says nothing (a cron mail per host would be noise).
+    let out = run(lr(&url, "again", &["--once-per", "2s"], "true"));
+    assert_eq!(out.code, Some(0));
+    assert_eq!(out.stderr, "");
+}
+
+/// The record a run leaves: start, end, holder, epoch, outcome, in
+/// `status --json` and in the text.
+fn record_of_a_run(url: &str) {
+    let out = run(lr(
+        url,
+        "rec",
+        &["--once-per", "1h", "--holder", "h1"],
+        "exit 7",
+    ));
+    assert_eq!(out.code, Some(7), "{}", out.stderr);
+    let j = status_json(url, "rec");
+    let r = &j["last_run"];
+    assert_eq!(r["outcome"], "exit 7", "{j}");
+    assert_eq!(r["holder"], "h1", "{j}");
+    assert_eq!(r["epoch"], j["epoch"], "{j}");
+    let (started, ended) = (r["started_ms_ago"].as_i64(), r["ended_ms_ago"].as_i64());
+    assert!(
+        started.zip(ended).is_some_and(|(s, e)| s >= e && e >= 0),
+        "{j}"
+    );
+    assert!(
+        r["started_at"].as_str().is_some_and(|s| s.ends_with('Z')),
+        "{j}"
+    );
+    assert!(r["ended_at"].is_string(), "{j}");
+    let mut c = leaderrun();
+    c.args(["--store", url, "status"]);
+    let text = run(c).stdout;
+    assert!(text.contains("last run of rec: started"), "{text}");
+    assert!(text.contains("by h1, epoch"), "{text}");
+    assert!(text.contains(": exit 7"), "{text}");
+    // A signal is not an exit status.
+    let out = run(lr(url, "sig", &["--once-per", "1h"], "kill -USR1 $$"));
+    assert_eq!(out.code, Some(128 + 10), "{}", out.stderr);
+    assert_eq!(status_json(url, "sig")["last_run"]["outcome"], "signal 10");
+}
+
+#[test]
+fn the_record_says_how_a_run_ended() {
+    let pg = Pg::start();
+    record_of_a_run(&pg.url());
+    // A lease without --once-per has no record, and no field for one.
+    let out = run(lr(&pg.url(), "plain", &[], "true"));
+    assert_eq!(out.code, Some(0));
+    let j = status_json(&pg.url(), "plain");
+    assert!(j.get("last_run").is_none(), "{j}");
+}
+
+/// A leaderrun killed (with its watchdog) before it could write the end
+/// leaves the record without one: no made-up outcome; the text says what
+/// became of the lease.
+#[test]
+fn a_run_killed_before_its_end_leaves_no_end() {
+    let pg = Pg::start();
+    let url = pg.url();
+    let dir = TempDir::new("once-killed");
+    let mut a = spawn(
+        lr(
+            &url,
+            "killed",
+            &["--once-per", "1h", "--lease", "2s"],
+            &worker(&dir, "a"),
+        ),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.pid"), 10 * SEC);
+    kill_holder_and_watchdog(&mut a);
+    let worker_pid = pid_in(&dir.file("a.pid"));
+    wait_for("the command to die with leaderrun", 5 * SEC, || {
+        !alive(worker_pid)
+    });
+    wait_for("the lease to expire", 10 * SEC, || {
+        status_json(&url, "killed")["live"] == false
+    });
+    let j = status_json(&url, "killed");
+    let r = &j["last_run"];
+    assert!(r["started_at"].is_string(), "{j}");
+    assert_eq!(r["outcome"], serde_json::Value::Null, "{j}");
+    assert_eq!(r["ended_at"], serde_json::Value::Null, "{j}");
+    let mut c = leaderrun();
+    c.args(["--store", &url, "status"]);
+    let text = run(c).stdout;
+    assert!(text.contains("no end recorded; lease expired"), "{text}");
+}
+
+/// A lease lost to a silent store (a partition: the proxy delivers
+/// nothing): the command is stopped at the give-up deadline, and once the
+/// store answers again the hand-back writes `lost` into the record.
+#[test]
+fn a_lost_lease_is_recorded_as_lost() {
+    let pg = Pg::start();
+    let proxy = crate::support::proxy::Proxy::start(pg.port);
+    let url = pg.url_via(proxy.port);
+    let dir = TempDir::new("once-lost");
+    let stopped = dir.file("stopped");
+    let script = format!(
+        "trap 'echo > {}; exit 0' TERM; echo $$ > {p}.tmp && mv {p}.tmp {p}; while :; do sleep 0.02; done",
+        stopped.display(),
+        p = dir.file("a.pid").display()
+    );
+    let mut a = spawn(
+        lr(
+            &url,
+            "lost",
+            &["--once-per", "1h", "--lease", "3s"],
+            &script,
+        ),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.pid"), 10 * SEC);
+    proxy.blackhole();
+    // Stopped at the give-up deadline (2 s after the last renewal was
+    // sent); the store answers again while leaderrun still hands the lease
+    // back (until 3 s after it).
+    let log = dir.file("a.log");
+    if wait_for_quietly(&stopped, 10 * SEC).is_none() {
+        proxy.heal();
+        panic!("the command was not stopped: {}", read(&log));
+    }
+    proxy.heal();
+    let st = wait_exit(&mut a, 10 * SEC);
+    assert_eq!(st.code(), Some(75), "{}", read(&log));
+    let j = status_json(&pg.url(), "lost");
+    assert_eq!(j["last_run"]["outcome"], "lost", "{j}\n{}", read(&log));
+    assert_eq!(j["live"], false, "{j}");
+}
+
+/// Whether `path` appeared within `limit`.
+fn wait_for_quietly(path: &Path, limit: Duration) -> Option<()> {
+    let t0 = Instant::now();
+    while !path.exists() {
+        if t0.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some(())
+}
+
+/// The table as the release before `--once-per` created it.
+const TODAYS_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
+    name       text PRIMARY KEY,
+    holder     text,
+    epoch      bigint NOT NULL DEFAULT 0,
+    expires_at timestamptz NOT NULL DEFAULT '-infinity',
+    timeline   bigint
+)";
+
+/// Upgrading in place from a table the release before `--once-per` made,
+/// used by a role with that release's grants: every other run keeps
+/// working untouched; a `--once-per` run exits 125 naming the one
+/// statement to run; `init --print` prints it; after `init` (by the owner)
+/// the same role runs `--once-per`.
+#[test]
+fn a_table_made_before_once_per_is_upgraded_by_init() {
+    let pg = Pg::start();
+    pg.sql(TODAYS_TABLE_SQL);
+    pg.sql("CREATE ROLE app LOGIN PASSWORD 'apppw'; GRANT SELECT, INSERT, UPDATE ON leader_lease TO app");
+    let app = format!(
+        "postgres://app:apppw@127.0.0.1:{}/postgres?sslmode=disable",
+        pg.port
+    );
+    let out = run(lr(&app, "plain", &[], "echo $LEASE_EPOCH"));
+    assert_eq!(
+        (out.code, out.stdout.trim()),
+        (Some(0), "1"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stderr, "");
+    let dir = TempDir::new("once-upgrade");
+    let ran = dir.file("ran");
+    let once = |url: &str| {
+        run(lr(
+            url,
+            "job",
+            &["--once-per", "1h"],
+            &format!("echo >> {}", ran.display()),
+        ))
+    };
+    let out = once(&app);
+    assert_eq!(out.code, Some(125), "{}", out.stderr);
+    assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(leaderrun::store::postgres::UPGRADE_SQL),
+        "{}",
+        out.stderr
+    );
+    assert!(!ran.exists(), "the command ran without the rule");
+    // Nothing was left half-done: the plain run still works.
+    assert_eq!(run(lr(&app, "plain", &[], "true")).code, Some(0));
+    let mut print = leaderrun();
+    print.args(["init", "--print", "--store", &pg.url()]);
+    let out = run(print);
+    assert!(
+        out.stdout
+            .contains("ADD COLUMN IF NOT EXISTS run_started_at"),
+        "{}",
+        out.stdout
+    );
+    let mut init = leaderrun();
+    init.args(["init", "--store", &pg.url()]);
+    let out = run(init);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let out = once(&app);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(lines(&ran).len(), 1);
+}
+
+/// The table's owner needs no `init`: the first `--once-per` run adds the
+/// columns itself, as a first run creates the table.
+#[test]
+fn a_once_per_run_as_the_owner_adds_the_columns() {
+    let pg = Pg::start();
+    pg.sql(TODAYS_TABLE_SQL);
+    let out = run(lr(&pg.url(), "job", &["--once-per", "1h"], "true"));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(
+        status_json(&pg.url(), "job")["last_run"]["outcome"],
+        "exit 0"
+    );
+}
+
+/// Bad input is refused before anything runs: exit 2, one line.
+#[test]
+fn once_per_refusals() {
+    let pg = Pg::start();
+    let dir = TempDir::new("once-usage");
+    let ran = dir.file("ran");
+    let script = format!("echo > {}", ran.display());
+    let sqlite = format!("sqlite://{}", dir.file("leases.db").display());
+    for (url, extra, says) in [
+        (pg.url(), vec!["--once-per", "1s"], "must be at least 2s"),
+        (pg.url(), vec!["--once-per", "366d"], "maximum"),
+        (
+            pg.url(),
+            vec!["--once-per", "1h", "--wait"],
+            "a standby has no firing",
+        ),
+        (
+            sqlite,
+            vec!["--once-per", "1h"],
+            "--once-per is not supported on the embedded store yet",
+        ),
+    ] {
+        let out = run(lr(&url, "job", &extra, &script));
+        assert_eq!(out.code, Some(2), "{extra:?}: {}", out.stderr);
+        assert!(out.stderr.contains(says), "{extra:?}: {}", out.stderr);
+        assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+        assert!(!ran.exists(), "{extra:?}: the command ran");
+    }
+}
+
+/// A lock on `name` for `holder` under `--once-per` with this half period.
+fn once_lock(url: &str, name: &str, holder: &str, half: Duration) -> leaderrun::store::Lock {
+    use leaderrun::store::{open, Origin};
+    let mut l = match open(Some((url, Origin::Flag)), "leaderrun-test", 5 * SEC) {
+        Ok(s) => s.lock(name, holder),
+        Err(e) => panic!("cannot open {url}: {e}"),
+    };
+    l.once_per(half);
+    l
+}
+
+/// What the store answers, call by call: a run whose command never started
+/// (handed back as `not started`) leaves the period open; a run that ended
+/// closes it, whoever asks, until half the period has passed.
+#[test]
+fn a_run_that_never_started_leaves_the_period_open() {
+    use leaderrun::store::{Acquired, LeaseLock, Outcome};
+    let pg = Pg::start();
+    let url = pg.url();
+    let (lease, half) = (3 * SEC, Duration::from_secs(1800));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut a = once_lock(&url, "p", "a", half);
+        let mut b = once_lock(&url, "p", "b", half);
+        assert_eq!(a.take(lease, 5 * SEC).await.unwrap(), Acquired::Taken(1));
+        // Held, and this period's: "done", not "held".
+        assert!(matches!(
+            b.take(lease, 5 * SEC).await.unwrap(),
+            Acquired::DoneThisPeriod { .. }
+        ));
+        a.ending(Outcome::NotStarted);
+        assert!(a.release(1, Duration::ZERO, 5 * SEC).await.unwrap());
+        assert_eq!(b.take(lease, 5 * SEC).await.unwrap(), Acquired::Taken(2));
+        b.ending(Outcome::Exit(0));
+        assert!(b.release(2, Duration::ZERO, 5 * SEC).await.unwrap());
+        // Free, but this period's run is done.
+        match a.take(lease, 5 * SEC).await.unwrap() {
+            Acquired::DoneThisPeriod { started_ms_ago } => {
+                assert!((0..10_000).contains(&started_ms_ago), "{started_ms_ago}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // A plain lock (no --once-per) is not bound by the rule.
+        let mut plain = match leaderrun::store::open(
+            Some((url.as_str(), leaderrun::store::Origin::Flag)),
+            "leaderrun-test",
+            5 * SEC,
+        ) {
+            Ok(s) => s.lock("p", "c"),
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(plain.acquire(lease, 5 * SEC).await.unwrap(), Some(3));
+    });
+    assert_eq!(
+        pg.sql("SELECT run_holder, run_epoch, run_outcome FROM leader_lease WHERE name = 'p'"),
+        "b|2|exit 0"
+    );
+}
