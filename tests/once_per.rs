@@ -1,14 +1,17 @@
 //! `--once-per`: a firing runs the command unless a run of that name
 //! started less than half the period ago by the store's clock; the run
-//! record in `status`; the upgrade of a table made before the record
-//! existed. Against a real Postgres, directly and through PgBouncer in
-//! both pooling modes; every other store refuses the flag for now.
+//! record in `status`; the upgrade of a table (or lease file) made before
+//! the record existed. The store-generic tests run on a real Postgres
+//! (directly and through PgBouncer in both pooling modes) and on the
+//! embedded store (`once_per_on!`, below); every other store refuses the
+//! flag for now.
 
 use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
 use crate::support::pgbouncer::{Bouncer, Mode};
+use crate::support::stores::{self, Server};
 use crate::support::*;
 
 const SEC: Duration = Duration::from_secs(1);
@@ -89,12 +92,6 @@ fn six_racing_firings_run_once(url: &str) {
 }
 
 #[test]
-fn six_racing_firings_run_once_on_postgres() {
-    let pg = Pg::start();
-    six_racing_firings_run_once(&pg.url());
-}
-
-#[test]
 fn six_racing_firings_run_once_through_pgbouncer_in_transaction_mode() {
     let pg = Pg::start();
     let b = Bouncer::start(&pg, Mode::Transaction);
@@ -115,10 +112,8 @@ fn six_racing_firings_run_once_through_pgbouncer_in_session_mode() {
 /// three firings come at offsets spread over most of the half period, in a
 /// different order each window. The rule is by the store's clock, so host
 /// skew is exactly such an offset. Every window runs the job exactly once.
-#[test]
-fn skewed_and_late_firings_run_once_per_window() {
-    let pg = Pg::start();
-    let url = pg.url();
+fn skewed_and_late_firings_run_once_per_window(srv: Server) {
+    let url = srv.url;
     let dir = TempDir::new("once-skew");
     let runs = dir.file("runs");
     let period = Duration::from_secs(4);
@@ -171,10 +166,8 @@ fn skewed_and_late_firings_run_once_per_window() {
 
 /// A firing less than half a period after the last run's start skips; one
 /// past it (by the store's clock, read from the record) runs again.
-#[test]
-fn a_firing_past_half_the_period_runs_again() {
-    let pg = Pg::start();
-    let url = pg.url();
+fn a_firing_past_half_the_period_runs_again(srv: Server) {
+    let url = srv.url;
     let dir = TempDir::new("once-again");
     let runs = dir.file("runs");
     let fire = || {
@@ -247,24 +240,20 @@ fn record_of_a_run(url: &str) {
     assert_eq!(status_json(url, "sig")["last_run"]["outcome"], "signal 10");
 }
 
-#[test]
-fn the_record_says_how_a_run_ended() {
-    let pg = Pg::start();
-    record_of_a_run(&pg.url());
+fn the_record_says_how_a_run_ended(srv: Server) {
+    record_of_a_run(&srv.url);
     // A lease without --once-per has no record, and no field for one.
-    let out = run(lr(&pg.url(), "plain", &[], "true"));
+    let out = run(lr(&srv.url, "plain", &[], "true"));
     assert_eq!(out.code, Some(0));
-    let j = status_json(&pg.url(), "plain");
+    let j = status_json(&srv.url, "plain");
     assert!(j.get("last_run").is_none(), "{j}");
 }
 
 /// A leaderrun killed (with its watchdog) before it could write the end
 /// leaves the record without one: no made-up outcome; the text says what
 /// became of the lease.
-#[test]
-fn a_run_killed_before_its_end_leaves_no_end() {
-    let pg = Pg::start();
-    let url = pg.url();
+fn a_run_killed_before_its_end_leaves_no_end(srv: Server) {
+    let url = srv.url;
     let dir = TempDir::new("once-killed");
     let mut a = spawn(
         lr(
@@ -440,7 +429,8 @@ fn once_per_refusals() {
     let dir = TempDir::new("once-usage");
     let ran = dir.file("ran");
     let script = format!("echo > {}", ran.display());
-    let sqlite = format!("sqlite://{}", dir.file("leases.db").display());
+    // Not started: refused before anything connects.
+    let redis = format!("redis://127.0.0.1:{}/", free_port());
     for (url, extra, says) in [
         (pg.url(), vec!["--once-per", "1s"], "must be at least 2s"),
         (pg.url(), vec!["--once-per", "366d"], "maximum"),
@@ -450,9 +440,9 @@ fn once_per_refusals() {
             "a standby has no firing",
         ),
         (
-            sqlite,
+            redis,
             vec!["--once-per", "1h"],
-            "--once-per is not supported on the embedded store yet",
+            "--once-per is not supported on the Redis store yet",
         ),
     ] {
         let out = run(lr(&url, "job", &extra, &script));
@@ -477,11 +467,9 @@ fn once_lock(url: &str, name: &str, holder: &str, half: Duration) -> leaderrun::
 /// What the store answers, call by call: a run whose command never started
 /// (handed back as `not started`) leaves the period open; a run that ended
 /// closes it, whoever asks, until half the period has passed.
-#[test]
-fn a_run_that_never_started_leaves_the_period_open() {
+fn a_run_that_never_started_leaves_the_period_open(srv: Server) {
     use leaderrun::store::{Acquired, LeaseLock, Outcome};
-    let pg = Pg::start();
-    let url = pg.url();
+    let url = srv.url;
     let (lease, half) = (3 * SEC, Duration::from_secs(1800));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -519,8 +507,220 @@ fn a_run_that_never_started_leaves_the_period_open() {
         };
         assert_eq!(plain.acquire(lease, 5 * SEC).await.unwrap(), Some(3));
     });
+    let j = status_json(&url, "p");
+    let r = &j["last_run"];
     assert_eq!(
-        pg.sql("SELECT run_holder, run_epoch, run_outcome FROM leader_lease WHERE name = 'p'"),
-        "b|2|exit 0"
+        (&r["holder"], &r["epoch"], &r["outcome"]),
+        (&"b".into(), &2.into(), &"exit 0".into()),
+        "{j}"
     );
+}
+
+/// The store-generic tests, once per store that keeps the rule: a module
+/// per store, a function per test over a fresh `Server`
+/// (tests/support/stores.rs), as tests/conformance.rs does.
+macro_rules! once_per_on {
+    ($($store:ident),* $(,)?) => {$(
+        mod $store {
+            use super::*;
+            #[test] fn six_racing_firings_run_once() { super::six_racing_firings_run_once(&stores::$store().url) }
+            #[test] fn skewed_and_late_firings_run_once_per_window() { super::skewed_and_late_firings_run_once_per_window(stores::$store()) }
+            #[test] fn a_firing_past_half_the_period_runs_again() { super::a_firing_past_half_the_period_runs_again(stores::$store()) }
+            #[test] fn the_record_says_how_a_run_ended() { super::the_record_says_how_a_run_ended(stores::$store()) }
+            #[test] fn a_run_killed_before_its_end_leaves_no_end() { super::a_run_killed_before_its_end_leaves_no_end(stores::$store()) }
+            #[test] fn a_run_that_never_started_leaves_the_period_open() { super::a_run_that_never_started_leaves_the_period_open(stores::$store()) }
+        }
+    )*};
+}
+
+once_per_on!(postgres, sqlite);
+
+/// The lease table as the release before `--once-per` created it on the
+/// embedded store, in the store's file and in every lease file.
+const LITE_TABLE_BEFORE: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT,
+    epoch      INTEGER NOT NULL DEFAULT 0,
+    expires_at INTEGER NOT NULL DEFAULT 0,
+    boot_id    TEXT NOT NULL DEFAULT ''
+)";
+
+/// Statements on a SQLite file behind the store's back, as an operator, an
+/// older release (or a reboot) would leave it.
+fn lite_sql(file: &Path, q: &str) {
+    lite_rt().block_on(async {
+        use sqlx::Connection;
+        let url = format!("sqlite://{}?mode=rwc", file.display());
+        let mut c = sqlx::SqliteConnection::connect(&url).await.expect("open");
+        sqlx::raw_sql(q).execute(&mut c).await.expect("sql");
+    });
+}
+
+/// The columns of `file`'s lease table.
+fn lite_columns(file: &Path) -> Vec<String> {
+    lite_rt().block_on(async {
+        use sqlx::Connection;
+        let url = format!("sqlite://{}", file.display());
+        let mut c = sqlx::SqliteConnection::connect(&url).await.expect("open");
+        sqlx::query_scalar("SELECT name FROM pragma_table_info('leader_lease')")
+            .fetch_all(&mut c)
+            .await
+            .expect("sql")
+    })
+}
+
+fn lite_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Upgrading in place on the embedded store: a store file and a lease file
+/// made by the release before `--once-per` (no run record columns). A plain
+/// run uses them as they are and adds nothing; then six `--once-per`
+/// firings race on the same name: each may be the one to add the columns
+/// (inside its write transaction), exactly one runs, none fails, and the
+/// epoch goes on rising from the plain run's. `init --print` shows the
+/// table with the columns.
+#[test]
+fn an_embedded_lease_file_made_before_once_per_gets_the_columns() {
+    use leaderrun::store::sqlite::{lease_dir, lease_file};
+    let dir = TempDir::new("once-lite-upgrade");
+    let db = dir.file("leases.db");
+    let url = format!("sqlite://{}", db.display());
+    lite_sql(&db, LITE_TABLE_BEFORE);
+    std::fs::create_dir_all(lease_dir(&db)).expect("lease dir");
+    let file = lease_file(&db, "job").expect("a file name");
+    lite_sql(&file, LITE_TABLE_BEFORE);
+    let before = lite_columns(&file);
+    assert!(!before.iter().any(|c| c.starts_with("run_")), "{before:?}");
+
+    let out = run(lr(&url, "job", &[], "echo $LEASE_EPOCH"));
+    assert_eq!(
+        (out.code, out.stdout.trim()),
+        (Some(0), "1"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stderr, "");
+    assert_eq!(lite_columns(&file), before, "a plain run added columns");
+    assert!(status_json(&url, "job").get("last_run").is_none());
+
+    let runs = dir.file("runs");
+    let kids: Vec<Child> = (0..6)
+        .map(|_| firing(&url, "job", "1h", &runs, "$LEASE_EPOCH", "0.3"))
+        .collect();
+    let outs: Vec<_> = kids
+        .into_iter()
+        .map(|k| k.wait_with_output().expect("wait"))
+        .collect();
+    let codes: Vec<_> = outs.iter().map(|o| o.status.code()).collect();
+    let errs: Vec<_> = outs
+        .iter()
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .collect();
+    assert_eq!(lines(&runs), ["2"], "{codes:?} {errs:?}");
+    assert_eq!(
+        codes.iter().filter(|c| **c == Some(SKIP)).count(),
+        5,
+        "{codes:?} {errs:?}"
+    );
+    let after = lite_columns(&file);
+    for c in [
+        "run_started_at",
+        "run_boot_id",
+        "run_started_wall",
+        "run_ended_at",
+        "run_ended_wall",
+        "run_holder",
+        "run_epoch",
+        "run_outcome",
+    ] {
+        assert_eq!(after.iter().filter(|a| *a == c).count(), 1, "{after:?}");
+    }
+    let j = status_json(&url, "job");
+    assert_eq!(j["last_run"]["outcome"], "exit 0", "{j}");
+    assert_eq!(j["last_run"]["epoch"], 2, "{j}");
+    // A plain run afterwards still works, and the epoch keeps rising.
+    let out = run(lr(&url, "job", &[], "echo $LEASE_EPOCH"));
+    assert_eq!(
+        (out.code, out.stdout.trim()),
+        (Some(0), "3"),
+        "{}",
+        out.stderr
+    );
+
+    let mut print = leaderrun();
+    print.args(["init", "--print", "--store", &url]);
+    let out = run(print);
+    assert!(out.stdout.contains("run_started_at"), "{}", out.stdout);
+    assert!(out.stdout.contains("run_boot_id"), "{}", out.stdout);
+}
+
+/// The reboot rule, without a reboot: a record whose start is of another
+/// boot (its boot id is not this one's) has no age by this boot's clock,
+/// and counts as started long ago: the period is open. The same record
+/// with this boot's id closes it. `status` shows such a record by the wall
+/// clock written beside it, and never younger than this boot.
+#[test]
+fn a_run_of_another_boot_leaves_the_period_open() {
+    use leaderrun::store::sqlite::lease_file;
+    use leaderrun::store::{Acquired, LeaseLock, Outcome};
+    let dir = TempDir::new("once-lite-boot");
+    let db = dir.file("leases.db");
+    let url = format!("sqlite://{}", db.display());
+    let file = lease_file(&db, "r").expect("a file name");
+    let (lease, half) = (3 * SEC, Duration::from_secs(1800));
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot id");
+    let rt = lite_rt();
+    rt.block_on(async {
+        let mut a = once_lock(&url, "r", "a", half);
+        assert_eq!(a.take(lease, 5 * SEC).await.unwrap(), Acquired::Taken(1));
+        a.ending(Outcome::Exit(0));
+        assert!(a.release(1, Duration::ZERO, 5 * SEC).await.unwrap());
+        assert!(matches!(
+            a.take(lease, 5 * SEC).await.unwrap(),
+            Acquired::DoneThisPeriod { .. }
+        ));
+    });
+    // As the previous boot would have left it: another boot id, the wall
+    // clock at the start an hour ago.
+    lite_sql(
+        &file,
+        "UPDATE leader_lease SET run_boot_id = '00000000-0000-0000-0000-000000000000',
+                run_started_wall = CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) - 3600000,
+                run_ended_wall = CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) - 3500000",
+    );
+    let j = status_json(&url, "r");
+    let r = &j["last_run"];
+    assert!(
+        r["started_ms_ago"]
+            .as_i64()
+            .is_some_and(|ms| ms >= 3_599_000),
+        "{j}"
+    );
+    assert!(
+        r["ended_ms_ago"].as_i64().is_some_and(|ms| ms >= 3_499_000),
+        "{j}"
+    );
+    assert_eq!(r["outcome"], "exit 0", "{j}");
+    rt.block_on(async {
+        let mut b = once_lock(&url, "r", "b", half);
+        assert_eq!(b.take(lease, 5 * SEC).await.unwrap(), Acquired::Taken(2));
+        b.ending(Outcome::Exit(0));
+        assert!(b.release(2, Duration::ZERO, 5 * SEC).await.unwrap());
+    });
+    // The same rows with this boot's id: the period is closed again.
+    lite_sql(
+        &file,
+        &format!("UPDATE leader_lease SET run_boot_id = '{}'", boot.trim()),
+    );
+    rt.block_on(async {
+        let mut c = once_lock(&url, "r", "c", half);
+        assert!(matches!(
+            c.take(lease, 5 * SEC).await.unwrap(),
+            Acquired::DoneThisPeriod { .. }
+        ));
+    });
 }

@@ -73,8 +73,8 @@ use super::session::{Connect, Session};
 use super::sql::{self, lease_info, millis, Dialect};
 use super::wake::Subscription;
 use super::{
-    Backend, Capabilities, Init, LeaseInfo, LeaseKey, ResolveError, Schema, Store, StoreError,
-    Target,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, ResolveError, RunRecord,
+    Schema, Store, StoreError, Target,
 };
 use crate::clock::{BootClock, Clock};
 
@@ -83,8 +83,30 @@ pub const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
     holder     TEXT,
     epoch      INTEGER NOT NULL DEFAULT 0,
     expires_at INTEGER NOT NULL DEFAULT 0, -- CLOCK_BOOTTIME in ms, of boot `boot_id`
-    boot_id    TEXT NOT NULL DEFAULT ''
+    boot_id    TEXT NOT NULL DEFAULT '',
+    run_started_at   INTEGER, -- --once-per's last run: CLOCK_BOOTTIME in ms, of boot `run_boot_id`
+    run_boot_id      TEXT,
+    run_started_wall INTEGER, -- the wall clock at the start, Unix ms: shown, never compared
+    run_ended_at     INTEGER, -- CLOCK_BOOTTIME in ms, of boot `run_boot_id`
+    run_ended_wall   INTEGER,
+    run_holder       TEXT,
+    run_epoch        INTEGER,
+    run_outcome      TEXT
 )";
+
+/// The run record's columns (`--once-per`) and their types: a lease file
+/// made before `--once-per` lacks them, and its first `--once-per` acquire
+/// adds the missing ones (`add_run_columns`). Nothing else names them.
+const RUN_COLUMNS: [(&str, &str); 8] = [
+    ("run_started_at", "INTEGER"),
+    ("run_boot_id", "TEXT"),
+    ("run_started_wall", "INTEGER"),
+    ("run_ended_at", "INTEGER"),
+    ("run_ended_wall", "INTEGER"),
+    ("run_holder", "TEXT"),
+    ("run_epoch", "INTEGER"),
+    ("run_outcome", "TEXT"),
+];
 
 pub const SCHEMA: Schema = Schema {
     dialect: "SQLite (the embedded store; leaderrun creates it by itself)",
@@ -120,6 +142,47 @@ const ACQUIRE_SQL: &str = "INSERT INTO leader_lease (name, holder, epoch, expire
          OR CAST(leader_lease.expires_at AS INTEGER) <= ?3
      RETURNING epoch";
 
+// `--once-per` (docs/stores.md, "Once per period"): the acquire above,
+// whose takeover also requires that no run of this name started less than
+// `half` ago by the boot clock of this boot, and which writes the run
+// record's start in the same statement, inside the same `BEGIN IMMEDIATE`,
+// so of racers one takes the period and the others see its start. A record
+// from another boot counts as started long ago: boot-clock values of
+// another boot mean nothing, and a reboot opens the period (the docs say
+// why). A run handed back `not started` does not count. The epoch and the
+// record's epoch are the same expression on the old row.
+//
+// ?1 name, ?2 holder, ?3 now (boot ms), ?4 lease ms, ?5 boot id, ?6 half
+// ms, ?7 wall clock (Unix ms, shown only), ?8 `not started`
+const ACQUIRE_ONCE_SQL: &str = "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id,
+         run_started_at, run_boot_id, run_started_wall, run_ended_at, run_ended_wall,
+         run_holder, run_epoch, run_outcome)
+     VALUES (?1, ?2, 1, ?3 + ?4, ?5, ?3, ?5, ?7, NULL, NULL, ?2, 1, NULL)
+     ON CONFLICT (name) DO UPDATE
+        SET holder = excluded.holder, epoch = CAST(leader_lease.epoch AS INTEGER) + 1,
+            expires_at = excluded.expires_at, boot_id = excluded.boot_id,
+            run_started_at = ?3, run_boot_id = ?5, run_started_wall = ?7,
+            run_ended_at = NULL, run_ended_wall = NULL, run_holder = excluded.holder,
+            run_epoch = CAST(leader_lease.epoch AS INTEGER) + 1, run_outcome = NULL
+      WHERE (leader_lease.holder IS NULL OR leader_lease.boot_id <> excluded.boot_id
+             OR CAST(leader_lease.expires_at AS INTEGER) <= ?3)
+        AND (leader_lease.run_started_at IS NULL OR leader_lease.run_boot_id IS NOT ?5
+             OR CAST(leader_lease.run_started_at AS INTEGER) <= ?3 - ?6
+             OR leader_lease.run_outcome IS ?8)
+     RETURNING epoch";
+
+// When the acquire above took nothing, in the same transaction: whether
+// that is because this period's run started (the exact complement of its
+// second condition), and how long ago, clamped to ten years; no row when
+// the lease is merely held.
+//
+// ?1 name, ?2 now (boot ms), ?3 boot id, ?4 half ms, ?5 `not started`
+const DONE_SQL: &str = "SELECT max(0, ?2 - min(max(CAST(run_started_at AS INTEGER),
+                                        ?2 - 315360000000), ?2 + 315360000000))
+   FROM leader_lease
+  WHERE name = ?1 AND run_started_at IS NOT NULL AND run_boot_id IS ?3
+    AND CAST(run_started_at AS INTEGER) > ?2 - ?4 AND run_outcome IS NOT ?5";
+
 // ?1 name, ?2 holder, ?3 epoch, ?4 now, ?5 lease ms, ?6 boot id
 const RENEW_SQL: &str = "UPDATE leader_lease SET expires_at = ?4 + ?5
       WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6
@@ -129,6 +192,48 @@ const RENEW_SQL: &str = "UPDATE leader_lease SET expires_at = ?4 + ?5
 const RELEASE_SQL: &str = "UPDATE leader_lease
         SET holder = CASE WHEN ?5 > 0 THEN holder END, expires_at = ?4 + ?5
       WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6";
+
+// The release with the run record's end and outcome (`--once-per`), where
+// the record is this holder's at this epoch (it is: this grant's acquire
+// wrote it, and no one else's can have since while the row names us).
+//
+// ?1 name, ?2 holder, ?3 epoch, ?4 now, ?5 keep ms, ?6 boot id, ?7 outcome,
+// ?8 wall clock (Unix ms, shown only)
+const RELEASE_ENDING_SQL: &str = "UPDATE leader_lease
+        SET holder = CASE WHEN ?5 > 0 THEN holder END, expires_at = ?4 + ?5,
+            run_ended_at = CASE WHEN run_holder IS ?2 AND run_epoch IS ?3
+                                THEN ?4 ELSE run_ended_at END,
+            run_ended_wall = CASE WHEN run_holder IS ?2 AND run_epoch IS ?3
+                                  THEN ?8 ELSE run_ended_wall END,
+            run_outcome = CASE WHEN run_holder IS ?2 AND run_epoch IS ?3
+                               THEN ?7 ELSE run_outcome END
+      WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6";
+
+/// The run records: times as RFC 3339 in UTC from the wall clock written
+/// beside them (shown only), and as milliseconds ago by the boot clock
+/// when the record is of this boot. A record of another boot has no
+/// boot-clock age: it is shown by the wall clock, and at least the time
+/// since this boot (which it is older than). Every time clamped to ten
+/// years around now, as elsewhere; ?1 now (boot ms), ?2 boot id, ?3 the
+/// wall clock (Unix ms), ?4 the name or NULL for every name.
+const RUN_RECORDS_SQL: &str = "SELECT CAST(name AS TEXT), CAST(run_holder AS TEXT),
+        CAST(run_epoch AS INTEGER), CAST(run_outcome AS TEXT),
+        strftime('%Y-%m-%dT%H:%M:%fZ', min(max(CAST(run_started_wall AS INTEGER),
+                 ?3 - 315360000000), ?3 + 315360000000) / 1000.0, 'unixepoch'),
+        CASE WHEN run_boot_id IS ?2
+             THEN ?1 - min(max(CAST(run_started_at AS INTEGER), ?1 - 315360000000), ?1 + 315360000000)
+             ELSE max(?1, ?3 - min(max(CAST(run_started_wall AS INTEGER), ?3 - 315360000000),
+                                   ?3 + 315360000000)) END,
+        CASE WHEN run_ended_at IS NULL THEN NULL
+             ELSE strftime('%Y-%m-%dT%H:%M:%fZ', min(max(CAST(run_ended_wall AS INTEGER),
+                           ?3 - 315360000000), ?3 + 315360000000) / 1000.0, 'unixepoch') END,
+        CASE WHEN run_ended_at IS NULL THEN NULL
+             WHEN run_boot_id IS ?2
+             THEN ?1 - min(max(CAST(run_ended_at AS INTEGER), ?1 - 315360000000), ?1 + 315360000000)
+             ELSE max(?1, ?3 - min(max(CAST(run_ended_wall AS INTEGER), ?3 - 315360000000),
+                                   ?3 + 315360000000)) END
+   FROM leader_lease WHERE run_started_at IS NOT NULL AND (?4 IS NULL OR name = ?4)
+  ORDER BY name";
 
 /// What `LeaseInfo` is read from (see `sql::lease_info`); ?1 now, ?2 boot
 /// id: a lease from another boot has expired.
@@ -271,6 +376,16 @@ fn now_ms() -> i64 {
     millis(BootClock.now().since_origin())
 }
 
+/// The wall clock as Unix ms, written into a run record only to show when
+/// it started and ended: the rule never reads it (it can be stepped).
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| i64::try_from(d.as_millis()).ok())
+        .unwrap_or(0)
+}
+
 /// Whether `e` is SQLite's "another process holds the lock".
 fn busy(e: &sqlx::Error) -> bool {
     <Lite as Dialect>::may_heal(e)
@@ -403,6 +518,7 @@ impl SqliteStore {
         sql: &'static str,
         what: &str,
         (key, epoch, d): (&LeaseKey, i64, Duration),
+        ending: Option<&str>,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
         let ms = millis(d);
@@ -415,13 +531,17 @@ impl SqliteStore {
         let shown = self.legacy.c.shown();
         let work = async {
             let mut conn = self.begin(&file, &key.name, claim, what).await?;
-            let done = sqlx::query(sql)
+            let mut q = sqlx::query(sql)
                 .bind(&key.name)
                 .bind(&key.holder)
                 .bind(epoch)
                 .bind(now_ms())
                 .bind(ms)
-                .bind(&boot)
+                .bind(&boot);
+            if let Some(outcome) = ending {
+                q = q.bind(outcome).bind(wall_ms());
+            }
+            let done = q
                 .execute(&mut conn)
                 .await
                 .map_err(|e| self.legacy.c.classify(what, e))?;
@@ -550,19 +670,7 @@ impl SqliteStore {
                 }
             }
         }
-        let mut files: Vec<PathBuf> = match std::fs::read_dir(lease_dir(&self.legacy.c.path)) {
-            Ok(dir) => dir
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.ends_with(".db") && !n.starts_with('.'))
-                })
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        files.sort();
-        for file in files {
+        for file in self.lease_files() {
             let mut conn = match self.readers.remove(&file) {
                 Some(c) => c,
                 None => self.legacy.c.open_file(&file, false).await?,
@@ -586,6 +694,23 @@ impl SqliteStore {
             }
         }
         Ok(all.into_values().collect())
+    }
+
+    /// Every lease file, sorted.
+    fn lease_files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = match std::fs::read_dir(lease_dir(&self.legacy.c.path)) {
+            Ok(dir) => dir
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.ends_with(".db") && !n.starts_with('.'))
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        files.sort();
+        files
     }
 
     /// Clear lease `name` in its file: `Ok(None)` when the file has no row
@@ -707,6 +832,12 @@ fn unmoved(mut info: LeaseInfo) -> LeaseInfo {
         info.expires_in_ms = Some(-1);
     }
     info
+}
+
+/// "no such column": a lease file made before `--once-per`, read for its
+/// run record.
+fn no_column(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.message().starts_with("no such column"))
 }
 
 /// "no such table": a file created but never set up.
@@ -995,13 +1126,16 @@ async fn keep_wal_at_close(conn: &mut SqliteConnection) -> Result<(), sqlx::Erro
     Ok(())
 }
 
-impl Backend for SqliteStore {
-    async fn acquire(
+impl SqliteStore {
+    /// The acquire, plain or (with `half`) under `--once-per`'s rule, in
+    /// one `BEGIN IMMEDIATE` on the lease's file.
+    async fn acquire_in(
         &mut self,
         key: &LeaseKey,
         lease: Duration,
+        half: Option<Duration>,
         timeout: Duration,
-    ) -> Result<Option<i64>, StoreError> {
+    ) -> Result<Acquired, StoreError> {
         let what = "cannot acquire in";
         let ms = millis(lease);
         let boot = boot_id()?;
@@ -1012,7 +1146,7 @@ impl Backend for SqliteStore {
                 .begin_or_held(&file, &key.name, Claim::Lease, what, true)
                 .await?
             else {
-                return Ok(None);
+                return Ok(Acquired::Held);
             };
             let fail = |e| sql::error(&self.legacy.c, what, e);
             if read_state(&mut conn, &key.name)
@@ -1023,7 +1157,7 @@ impl Backend for SqliteStore {
                 // First use of the name in its file: move it in.
                 let Some(epoch) = self.move_in(&key.name, &boot, timeout).await? else {
                     self.commit(file.clone(), conn, what).await?;
-                    return Ok(None);
+                    return Ok(Acquired::Held);
                 };
                 sqlx::query(MOVE_IN_SQL)
                     .bind(&key.name)
@@ -1033,20 +1167,206 @@ impl Backend for SqliteStore {
                     .await
                     .map_err(|e| sql::error(&self.legacy.c, what, e))?;
             }
-            let row = sqlx::query(ACQUIRE_SQL)
-                .bind(&key.name)
-                .bind(&key.holder)
-                .bind(now_ms())
-                .bind(ms)
-                .bind(&boot)
-                .fetch_optional(&mut conn)
-                .await
-                .and_then(|row| row.map(|r| r.try_get::<i64, _>(0)).transpose())
-                .map_err(|e| sql::error(&self.legacy.c, what, e))?;
+            let got = match half {
+                None => sqlx::query(ACQUIRE_SQL)
+                    .bind(&key.name)
+                    .bind(&key.holder)
+                    .bind(now_ms())
+                    .bind(ms)
+                    .bind(&boot)
+                    .fetch_optional(&mut conn)
+                    .await
+                    .and_then(|row| row.map(|r| r.try_get::<i64, _>(0)).transpose())
+                    .map(|e| e.map_or(Acquired::Held, Acquired::Taken)),
+                Some(half) => acquire_once_in(&mut conn, key, ms, millis(half), &boot, &file).await,
+            }
+            .map_err(|e| sql::error(&self.legacy.c, what, e))?;
             self.commit(file.clone(), conn, what).await?;
-            Ok(row)
+            Ok(got)
         };
         bounded(&shown, timeout, work).await
+    }
+
+    /// Release (`RELEASE_SQL`), or with `ending` also write the run
+    /// record's end and outcome (`RELEASE_ENDING_SQL`).
+    async fn release_in(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        ending: Option<&str>,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let sql = match ending {
+            Some(_) => RELEASE_ENDING_SQL,
+            None => RELEASE_SQL,
+        };
+        let freed = self
+            .update(
+                sql,
+                "cannot release in",
+                (key, epoch, keep),
+                ending,
+                timeout,
+            )
+            .await?;
+        // After the commit: a waiter woken now finds the lease free.
+        if freed && keep.is_zero() {
+            touch(&self.legacy.c.path, &key.name);
+        }
+        Ok(freed)
+    }
+
+    /// The run records (`--once-per`) of `name`'s file, or of every lease
+    /// file, read without a lock. A file made before `--once-per` has the
+    /// columns only once a `--once-per` run used it: until then it keeps
+    /// no record. The store's own file keeps none (leases moved out of it
+    /// before `--once-per` ran on them).
+    async fn read_records(&mut self, name: Option<&str>) -> Result<Vec<RunRecord>, StoreError> {
+        let what = "cannot read";
+        let boot = boot_id()?;
+        let files = match name {
+            Some(n) => vec![self.file(n)?],
+            None => self.lease_files(),
+        };
+        let mut all = Vec::new();
+        for file in files {
+            if !file.exists() {
+                continue;
+            }
+            let mut conn = match self.readers.remove(&file) {
+                Some(c) => c,
+                None => self.legacy.c.open_file(&file, false).await?,
+            };
+            let rows = read_all_until_answered(&mut conn, || {
+                sqlx::query(RUN_RECORDS_SQL)
+                    .bind(now_ms())
+                    .bind(&boot)
+                    .bind(wall_ms())
+                    .bind(name)
+            })
+            .await;
+            let rows = match rows {
+                Ok(rows) => {
+                    self.readers.insert(file.clone(), conn);
+                    rows
+                }
+                Err(e) if no_table(&e) || no_column(&e) => {
+                    self.readers.insert(file.clone(), conn);
+                    Vec::new()
+                }
+                Err(e) => return Err(self.legacy.c.classify(what, e)),
+            };
+            for r in &rows {
+                all.push(run_record(r).map_err(|e| self.legacy.c.classify(what, e))?);
+            }
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+}
+
+/// `--once-per`'s acquire inside the caller's `BEGIN IMMEDIATE` on lease
+/// file `file`: the columns added where missing, then the acquire that
+/// takes lease and period together, then (only when it took nothing) why.
+async fn acquire_once_in(
+    conn: &mut SqliteConnection,
+    key: &LeaseKey,
+    ms: i64,
+    half_ms: i64,
+    boot: &str,
+    file: &Path,
+) -> Result<Acquired, sqlx::Error> {
+    add_run_columns(conn, file).await?;
+    // One instant for both statements, so that "done" is the exact
+    // complement of the acquire's condition on the period.
+    let now = now_ms();
+    let taken = sqlx::query(ACQUIRE_ONCE_SQL)
+        .bind(&key.name)
+        .bind(&key.holder)
+        .bind(now)
+        .bind(ms)
+        .bind(boot)
+        .bind(half_ms)
+        .bind(wall_ms())
+        .bind(crate::store::NOT_STARTED)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if let Some(r) = taken {
+        return Ok(Acquired::Taken(r.try_get::<i64, _>(0)?));
+    }
+    let done = sqlx::query(DONE_SQL)
+        .bind(&key.name)
+        .bind(now)
+        .bind(boot)
+        .bind(half_ms)
+        .bind(crate::store::NOT_STARTED)
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(match done {
+        Some(r) => Acquired::DoneThisPeriod {
+            started_ms_ago: r.try_get::<i64, _>(0)?,
+        },
+        None => Acquired::Held,
+    })
+}
+
+/// Give a lease file made before `--once-per` the run record's columns,
+/// inside the caller's write transaction: under the file's write lock no
+/// other process can be adding them at the same time, and one that added
+/// them before is seen here (SQLite has no `ADD COLUMN IF NOT EXISTS`, so
+/// the table's columns are read first). A plain run never calls this: its
+/// statements name none of these columns.
+async fn add_run_columns(conn: &mut SqliteConnection, file: &Path) -> Result<(), sqlx::Error> {
+    let have: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_table_info('leader_lease')")
+            .fetch_all(&mut *conn)
+            .await?;
+    let mut added = Vec::new();
+    for (col, ty) in RUN_COLUMNS {
+        if !have.iter().any(|h| h == col) {
+            sqlx::raw_sql(&format!("ALTER TABLE leader_lease ADD COLUMN {col} {ty}"))
+                .execute(&mut *conn)
+                .await?;
+            added.push(col);
+        }
+    }
+    if !added.is_empty() {
+        tracing::info!(
+            event = "store_schema",
+            "added the run record's columns to {} (for --once-per): {}",
+            file.display(),
+            added.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// A run record from a row of `RUN_RECORDS_SQL`.
+fn run_record(r: &sqlx::sqlite::SqliteRow) -> Result<RunRecord, sqlx::Error> {
+    Ok(RunRecord {
+        name: r.try_get(0)?,
+        holder: r.try_get(1)?,
+        epoch: r.try_get::<Option<i64>, _>(2)?.unwrap_or_default(),
+        outcome: r.try_get(3)?,
+        started_at: r.try_get::<Option<String>, _>(4)?.unwrap_or_default(),
+        started_ms_ago: r.try_get::<Option<i64>, _>(5)?.unwrap_or_default(),
+        ended_at: r.try_get(6)?,
+        ended_ms_ago: r.try_get(7)?,
+    })
+}
+
+impl Backend for SqliteStore {
+    async fn acquire(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(match self.acquire_in(key, lease, None, timeout).await? {
+            Acquired::Taken(epoch) => Some(epoch),
+            Acquired::Held | Acquired::DoneThisPeriod { .. } => None,
+        })
     }
 
     async fn renew(
@@ -1056,8 +1376,14 @@ impl Backend for SqliteStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        self.update(RENEW_SQL, "cannot renew in", (key, epoch, lease), timeout)
-            .await
+        self.update(
+            RENEW_SQL,
+            "cannot renew in",
+            (key, epoch, lease),
+            None,
+            timeout,
+        )
+        .await
     }
 
     async fn release(
@@ -1067,19 +1393,43 @@ impl Backend for SqliteStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let freed = self
-            .update(
-                RELEASE_SQL,
-                "cannot release in",
-                (key, epoch, keep),
-                timeout,
-            )
-            .await?;
-        // After the commit: a waiter woken now finds the lease free.
-        if freed && keep.is_zero() {
-            touch(&self.legacy.c.path, &key.name);
-        }
-        Ok(freed)
+        self.release_in(key, epoch, keep, None, timeout).await
+    }
+
+    fn once_per(&self) -> bool {
+        true
+    }
+
+    async fn acquire_once(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        half: Duration,
+        timeout: Duration,
+    ) -> Result<Acquired, StoreError> {
+        self.acquire_in(key, lease, Some(half), timeout).await
+    }
+
+    async fn release_ending(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        outcome: Outcome,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let outcome = outcome.to_string();
+        self.release_in(key, epoch, keep, Some(&outcome), timeout)
+            .await
+    }
+
+    async fn run_records(
+        &mut self,
+        name: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let shown = self.legacy.c.shown();
+        bounded(&shown, timeout, self.read_records(name)).await
     }
 
     async fn inspect(
