@@ -41,6 +41,14 @@
 //! at the old epoch, so no epoch is handed out twice and an older leaderrun
 //! can no longer acquire the name.
 //!
+//! **`--once-per`** (docs/stores.md, "Once per period"): the rule and the
+//! run record are `run_*` columns of the lease row, by the same boot clock
+//! and boot id as expiry; the wall clock is written beside them for
+//! `status` to show, never compared. A run of another boot counts as
+//! started long ago (a reboot opens the period). A lease file made before
+//! `--once-per` gets the columns at its first `--once-per` acquire
+//! (`add_run_columns`); a plain run names none of them.
+//!
 //! Each run opens its lease's file, writes twice and closes it. By default
 //! SQLite's last connection to close copies the WAL into the database,
 //! fsyncs both and deletes the WAL, which the next run creates again: fsyncs
