@@ -724,3 +724,77 @@ fn a_run_of_another_boot_leaves_the_period_open() {
         ));
     });
 }
+
+/// A lease lost on the embedded store (no partition to make there:
+/// leaderrun itself stopped past its give-up deadline, while its watchdog
+/// stops the command): leaderrun, continued, finds its deadline passed and
+/// hands the lease back at its epoch, writing `lost` into the record.
+#[test]
+fn a_lost_lease_on_the_embedded_store_is_recorded_as_lost() {
+    use nix::sys::signal::Signal;
+    let srv = stores::sqlite();
+    let url = srv.url.clone();
+    let dir = TempDir::new("once-lite-lost");
+    let stopped = dir.file("stopped");
+    let script = format!(
+        "trap 'echo > {}; exit 0' TERM; echo $$ > {p}.tmp && mv {p}.tmp {p}; while :; do sleep 0.02; done",
+        stopped.display(),
+        p = dir.file("a.pid").display()
+    );
+    let log = dir.file("a.log");
+    let mut a = spawn(
+        lr(
+            &url,
+            "lost",
+            &["--once-per", "1h", "--lease", "3s", "-vv"],
+            &script,
+        ),
+        &log,
+    );
+    wait_file(&dir.file("a.pid"), 10 * SEC);
+    // Stopped just after a renewal, so not inside one (holding the file's
+    // write lock, it would be ended by its watchdog instead).
+    wait_for("a renewal", 10 * SEC, || read(&log).contains("renewed"));
+    std::thread::sleep(Duration::from_millis(100));
+    signal(a.id(), Signal::SIGSTOP);
+    if wait_for_quietly(&stopped, 10 * SEC).is_none() {
+        signal(a.id(), Signal::SIGCONT);
+        panic!("the command was not stopped: {}", read(&log));
+    }
+    signal(a.id(), Signal::SIGCONT);
+    let st = wait_exit(&mut a, 10 * SEC);
+    assert_eq!(st.code(), Some(75), "{}", read(&log));
+    let j = status_json(&url, "lost");
+    assert_eq!(j["last_run"]["outcome"], "lost", "{j}\n{}", read(&log));
+    assert!(j["last_run"]["ended_at"].is_string(), "{j}");
+}
+
+/// Run record columns holding what no leaderrun writes (text, a REAL, a
+/// huge integer, as a hand-edited or corrupted row may): `status` still
+/// shows the lease and a record, clamped, and a `--once-per` firing still
+/// decides (a start it cannot read counts as long ago).
+#[test]
+fn embedded_run_records_written_by_hand_still_read() {
+    use leaderrun::store::sqlite::lease_file;
+    let dir = TempDir::new("once-lite-hostile");
+    let db = dir.file("leases.db");
+    let url = format!("sqlite://{}", db.display());
+    let out = run(lr(&url, "h", &["--once-per", "1h"], "true"));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let file = lease_file(&db, "h").expect("a file name");
+    for set in [
+        "run_started_at = 'soon', run_started_wall = 'then', run_ended_at = 1e300, run_ended_wall = -9223372036854775808, run_epoch = 'x'",
+        "run_started_at = 9223372036854775807, run_started_wall = 9223372036854775807, run_ended_at = -1e300, run_ended_wall = 'x'",
+    ] {
+        lite_sql(&file, &format!("UPDATE leader_lease SET {set}"));
+        let j = status_json(&url, "h");
+        assert!(j["last_run"]["started_ms_ago"].is_i64(), "{set}: {j}");
+        let mut c = leaderrun();
+        c.args(["--store", &url, "status"]);
+        let out = run(c);
+        assert_eq!(out.code, Some(0), "{set}: {}", out.stderr);
+        assert!(out.stdout.contains("last run of h"), "{set}: {}", out.stdout);
+        let out = run(lr(&url, "h", &["--once-per", "1h", "--conflict-exit-code", "3"], "true"));
+        assert!(matches!(out.code, Some(0 | 3)), "{set}: {}", out.stderr);
+    }
+}
