@@ -86,10 +86,10 @@ fn sqlite_rows_with_real_huge_or_text_values_still_list_and_release() {
     sqlite(
         &db,
         &format!(
-            "INSERT INTO leader_lease VALUES ('real', 'h1', 3, 1e300, '{boot}');
-             INSERT INTO leader_lease VALUES ('huge', 'h2', 9223372036854775807, 9223372036854775807, '{boot}');
-             INSERT INTO leader_lease VALUES ('text', 'h3', 'seven', 'soon', '{boot}');
-             INSERT INTO leader_lease VALUES ('neg', 'h4', -5, -9223372036854775807, '{boot}');"
+            "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id) VALUES ('real', 'h1', 3, 1e300, '{boot}');
+             INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id) VALUES ('huge', 'h2', 9223372036854775807, 9223372036854775807, '{boot}');
+             INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id) VALUES ('text', 'h3', 'seven', 'soon', '{boot}');
+             INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id) VALUES ('neg', 'h4', -5, -9223372036854775807, '{boot}');"
         ),
     );
     let r = admin(&store, &["status"]);

@@ -52,6 +52,16 @@ async fn sql(path: &Path, q: &str) {
     sqlx::raw_sql(q).execute(&mut c).await.expect("sql");
 }
 
+/// The table as the releases before `--once-per` created it (their store
+/// file has no run record columns).
+const PREVIOUS_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT,
+    epoch      INTEGER NOT NULL DEFAULT 0,
+    expires_at INTEGER NOT NULL DEFAULT 0,
+    boot_id    TEXT NOT NULL DEFAULT ''
+)";
+
 /// Boot-clock values from another boot mean nothing: a row written under a
 /// different boot id is free, however far in the future its expiry looks.
 #[test]
@@ -175,8 +185,7 @@ fn leases_of_the_previous_release_move_in_at_their_epoch() {
         sql(
             &db,
             &format!(
-                "{}; INSERT INTO leader_lease VALUES ('free', NULL, 41, 0, '')",
-                leaderrun::store::sqlite::TABLE_SQL
+                "{PREVIOUS_TABLE_SQL}; INSERT INTO leader_lease VALUES ('free', NULL, 41, 0, '')"
             ),
         )
         .await;
