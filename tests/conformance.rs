@@ -460,6 +460,86 @@ fn dead_server_and_wrong_password_are_told_apart(srv: Server) {
     });
 }
 
+/// §12, `--once-per`: the period is checked and claimed in the acquire's
+/// own atomic step. Two racing takes in one period: one takes, the other is
+/// told "done this period" (not "held"); a run handed back `not started`
+/// leaves the period open; one that ended closes it, lease free or not,
+/// until half the period has passed by the store's clock; a plain acquire
+/// is not bound by the rule.
+fn once_per_period_is_claimed_with_the_acquire(srv: Server) {
+    use leaderrun::store::{Acquired, Outcome};
+    let once = |holder: &str, half: Duration| {
+        let mut l = lock(&srv.url, "once", holder);
+        l.once_per(half);
+        l
+    };
+    // Long enough that the racing round is over well inside it; the last
+    // round waits it out. Whole even seconds: etcd keeps the period by a
+    // lease of whole seconds, at least 2.
+    let half = Duration::from_secs(2);
+    rt().block_on(async {
+        let (mut a, mut b) = (once("a", half), once("b", half));
+        let lease = granted(&a, Duration::from_secs(3));
+        let (ra, rb) = tokio::join!(a.take(lease, T), b.take(lease, T));
+        let (ra, rb) = (ra.expect("take a"), rb.expect("take b"));
+        let (winner, loser, epoch) = match (ra, rb) {
+            (Acquired::Taken(e), Acquired::DoneThisPeriod { .. }) => (&mut a, &mut b, e),
+            (Acquired::DoneThisPeriod { .. }, Acquired::Taken(e)) => (&mut b, &mut a, e),
+            other => panic!("two racing takes in one period: {other:?}"),
+        };
+        // Nothing ran: handed back, the period stays open.
+        winner.ending(Outcome::NotStarted);
+        assert!(winner
+            .release(epoch, Duration::ZERO, T)
+            .await
+            .expect("release"));
+        let epoch = match loser.take(lease, T).await.expect("take") {
+            Acquired::Taken(e) => e,
+            other => panic!("after a run that never started: {other:?}"),
+        };
+        let started = Instant::now();
+        loser.ending(Outcome::Exit(0));
+        assert!(loser
+            .release(epoch, Duration::ZERO, T)
+            .await
+            .expect("release"));
+        // Free, but the period's run is done.
+        match winner.take(lease, T).await.expect("take") {
+            Acquired::DoneThisPeriod { started_ms_ago } => assert!(
+                (0..=millis(half)).contains(&started_ms_ago),
+                "{started_ms_ago} ms ago"
+            ),
+            other => panic!("after the period's run: {other:?}"),
+        }
+        // A plain acquire ignores the period.
+        let mut plain = lock(&srv.url, "once", "c");
+        let e = plain.acquire(lease, T).await.expect("acquire");
+        assert_eq!(e, Some(epoch + 1));
+        assert!(plain
+            .release(epoch + 1, Duration::ZERO, T)
+            .await
+            .expect("release"));
+        // Past half the period (by the store's clock, which runs at ours'
+        // rate; a store that expires in a sweep may be a little late),
+        // the next firing runs.
+        tokio::time::sleep(half.saturating_sub(started.elapsed())).await;
+        let t0 = Instant::now();
+        loop {
+            match winner.take(lease, T).await.expect("take") {
+                Acquired::Taken(_) => break,
+                Acquired::DoneThisPeriod { .. } if t0.elapsed() < half => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                other => panic!("{:?} past half the period: {other:?}", started.elapsed()),
+            }
+        }
+    });
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 macro_rules! conformance {
     ($($store:ident),* $(,)?) => {$(
         mod $store {
@@ -474,6 +554,19 @@ macro_rules! conformance {
             #[test] fn dead_server_and_wrong_password_are_told_apart() { super::dead_server_and_wrong_password_are_told_apart(stores::$store()) }
         }
     )*};
+}
+
+/// The stores that keep `--once-per`'s rule: the clause runs on each.
+macro_rules! once_per {
+    ($($store:ident),* $(,)?) => {$(
+        mod $store {
+            #[test] fn once_per_period_is_claimed_with_the_acquire() { super::super::once_per_period_is_claimed_with_the_acquire(super::super::stores::$store()) }
+        }
+    )*};
+}
+
+mod once_per {
+    once_per!(postgres, mysql, pgbouncer_transaction, pgbouncer_session);
 }
 
 conformance!(

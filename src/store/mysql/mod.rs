@@ -32,6 +32,15 @@
 //! columns already assigned, so once `holder` or `expires_at` is changed the
 //! condition can no longer be evaluated on the old row.
 //!
+//! **`--once-per`** (docs/stores.md, "Once per period") adds, between
+//! steps 1 and 2, a locking read of whether this period's run started less
+//! than half a period ago by `UTC_TIMESTAMP(6)` ("done this period": nothing
+//! is written), and step 2 becomes `TAKE_ONCE_SQL`, which repeats that
+//! condition and writes the run's start. Under the row lock nothing can
+//! change the row between the two, so the check and the claim are one
+//! step. The record lives in five `run_*` columns that a table made by an
+//! earlier release lacks: only `--once-per` statements name them.
+//!
 //! **Timeouts.** Every call is bounded client-side (the connection is dropped
 //! at the deadline). Server-side: `innodb_lock_wait_timeout` is whole
 //! seconds, so it is set to G rounded up (at least 1 s); MariaDB's
@@ -64,12 +73,12 @@ use tokio::time::Instant;
 
 use self::semisync::*;
 use self::statements::*;
-pub use self::statements::{SCHEMA, TABLE_SQL};
+pub use self::statements::{SCHEMA, TABLE_SQL, UPGRADE_SQL};
 use super::session::{Connect, Session};
 use super::sql::{self, lease_info, millis, Dialect};
 use super::{
-    Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Schema, Store, StoreError,
-    Target,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Replication, RunRecord,
+    Schema, Store, StoreError, Target, NOT_STARTED,
 };
 use crate::redact::Redacted;
 
@@ -196,6 +205,12 @@ impl Dialect for My {
 /// What a run needs, as an operator types it.
 const GRANT: &str = "GRANT SELECT, INSERT, UPDATE ON <database>.leader_lease TO <login>";
 
+/// What [`MySqlStore::update`] binds before name, holder and epoch.
+enum Param {
+    Micros(i64),
+    Text(String),
+}
+
 /// ER_NO_SUCH_TABLE.
 const NO_SUCH_TABLE: u16 = 1146;
 
@@ -205,28 +220,57 @@ fn denied(e: &sqlx::Error) -> bool {
     matches!(number(e), Some(1142 | 1143 | 1227))
 }
 
-/// The acquiring transaction (see the module's comment); `Some(epoch)`
-/// when taken.
+/// The acquiring transaction (see the module's comment): taken at an
+/// epoch, or held. With `half` (`--once-per`), the period too: after the
+/// row lock, [`DONE_SQL`] says whether this period's run has started, and
+/// [`TAKE_ONCE_SQL`] takes lease and period and writes the run's start.
 async fn take(
     c: &mut MySqlConnection,
     name: &str,
     holder: &str,
     us: i64,
-) -> Result<Option<i64>, sqlx::Error> {
+    half: Option<i64>,
+) -> Result<Acquired, sqlx::Error> {
     let mut tx = c.begin().await?;
     sqlx::query(ENSURE_ROW_SQL)
         .bind(name)
         .execute(&mut *tx)
         .await?;
-    let took = sqlx::query(TAKE_SQL)
-        .bind(holder)
-        .bind(us)
-        .bind(name)
-        .execute(&mut *tx)
-        .await?;
+    let took = match half {
+        None => {
+            sqlx::query(TAKE_SQL)
+                .bind(holder)
+                .bind(us)
+                .bind(name)
+                .execute(&mut *tx)
+                .await?
+        }
+        Some(half) => {
+            let done = sqlx::query(DONE_SQL)
+                .bind(name)
+                .bind(half)
+                .bind(NOT_STARTED)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if let Some(row) = done {
+                let started_ms_ago: i64 = row.try_get(0)?;
+                tx.commit().await?;
+                return Ok(Acquired::DoneThisPeriod { started_ms_ago });
+            }
+            sqlx::query(TAKE_ONCE_SQL)
+                .bind(holder)
+                .bind(us)
+                .bind(holder)
+                .bind(name)
+                .bind(half)
+                .bind(NOT_STARTED)
+                .execute(&mut *tx)
+                .await?
+        }
+    };
     if took.rows_affected() != 1 {
         tx.commit().await?;
-        return Ok(None);
+        return Ok(Acquired::Held);
     }
     let epoch: i64 = sqlx::query(EPOCH_SQL)
         .bind(name)
@@ -234,7 +278,7 @@ async fn take(
         .await?
         .try_get(0)?;
     tx.commit().await?;
-    Ok(Some(epoch))
+    Ok(Acquired::Taken(epoch))
 }
 
 async fn table_visible(c: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
@@ -256,17 +300,24 @@ async fn take_or_create(
     name: &str,
     holder: &str,
     us: i64,
-) -> Result<Result<Option<i64>, Refusal>, sqlx::Error> {
-    match take(c, name, holder, us).await {
+    half: Option<i64>,
+) -> Result<Result<Acquired, Refusal>, sqlx::Error> {
+    match take(c, name, holder, us, half).await {
         Err(e) if matches!(number(&e), Some(NO_SUCH_TABLE | 1142)) => {
             if table_visible(c).await? {
+                // Missing a moment ago and there now: a racing first user
+                // created it (a cron fleet's first firing), so try again.
+                // Seen but refused (1142) is no privilege on it.
+                if number(&e) == Some(NO_SUCH_TABLE) {
+                    return take(c, name, holder, us, half).await.map(Ok);
+                }
                 return Err(e);
             }
         }
         done => return done.map(Ok),
     }
     let created = sqlx::query(TABLE_SQL).execute(&mut *c).await;
-    match take(c, name, holder, us).await {
+    match take(c, name, holder, us, half).await {
         Err(e) if matches!(number(&e), Some(NO_SUCH_TABLE | 1142)) => {
             Ok(Err(Refusal::Table(created.err())))
         }
@@ -284,7 +335,7 @@ impl MySqlStore {
         &mut self,
         what: &str,
         sql: &'static str,
-        durations: Vec<i64>,
+        params: Vec<Param>,
         (name, holder, epoch): (&str, &str, i64),
         acknowledged: bool,
         timeout: Duration,
@@ -304,8 +355,11 @@ impl MySqlStore {
                     false => None,
                 };
                 let mut q = sqlx::query(sql);
-                for d in durations {
-                    q = q.bind(d);
+                for p in params {
+                    q = match p {
+                        Param::Micros(d) => q.bind(d),
+                        Param::Text(t) => q.bind(t),
+                    };
                 }
                 let done = q
                     .bind(name)
@@ -376,14 +430,17 @@ impl MySqlStore {
     }
 }
 
-impl Backend for MySqlStore {
-    async fn acquire(
+impl MySqlStore {
+    /// The acquire, plain or (with `half`) under `--once-per`'s rule.
+    async fn acquire_in(
         &mut self,
         key: &LeaseKey,
         lease: Duration,
+        half: Option<Duration>,
         timeout: Duration,
-    ) -> Result<Option<i64>, StoreError> {
+    ) -> Result<Acquired, StoreError> {
         let (name, holder, us) = (key.name.as_str(), key.holder.as_str(), micros(lease));
+        let half = half.map(micros);
         let check = self.s.c.require_sync;
         let what = "cannot acquire in";
         let out = self
@@ -403,14 +460,19 @@ impl Backend for MySqlStore {
                     }
                     before = Some(st.no_tx);
                 }
-                let got = match take_or_create(c, name, holder, us).await? {
+                let got = match take_or_create(c, name, holder, us, half).await? {
                     Ok(got) => got,
                     Err(r) => return Ok(Err(r)),
                 };
-                if let (Some(epoch), Some(before)) = (got, before) {
+                if let (Acquired::Taken(epoch), Some(before)) = (got, before) {
                     if semi_sync(c).await?.no_tx != before {
-                        sqlx::query(RELEASE_SQL)
-                            .bind(0i64)
+                        // Handed back; under --once-per nothing ran, so
+                        // the period is not used up.
+                        let q = match half {
+                            Some(_) => sqlx::query(RELEASE_ENDING_SQL).bind(NOT_STARTED),
+                            None => sqlx::query(RELEASE_SQL),
+                        };
+                        q.bind(0i64)
                             .bind(0i64)
                             .bind(name)
                             .bind(holder)
@@ -426,6 +488,161 @@ impl Backend for MySqlStore {
         out.map_err(|r| self.refused(what, r))
     }
 
+    /// A `--once-per` acquire that met a table without the run record's
+    /// columns (made by an earlier release): add them where this login may
+    /// (ALTER on the table), and say so; where it may not, a refusal that
+    /// names the one statement to run. A run without `--once-per` never
+    /// gets here: the table works for it as it is.
+    async fn add_run_columns(&mut self, timeout: Duration) -> Result<(), StoreError> {
+        let what = "cannot add columns to leader_lease in";
+        let out = self
+            .s
+            .call(timeout, what, async move |c, _| upgrade(c).await)
+            .await;
+        match out {
+            Ok(Ok(())) => {
+                tracing::info!(
+                    event = "store_schema",
+                    "added the run record's columns to leader_lease (for --once-per)"
+                );
+                Ok(())
+            }
+            Ok(Err(e)) => Err(StoreError::fatal(format!(
+                "{what} the store {}: {e}: table leader_lease was made by an earlier release \
+                 and lacks the columns --once-per keeps its run record in; run `{UPGRADE_SQL}` \
+                 as a login with ALTER on it (or `leaderrun init` as it)",
+                self.s.c.shown()
+            ))),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Add the run record's columns where the table lacks them. `Err` inside
+/// is the server's refusal for lack of a privilege, as it says it.
+async fn upgrade(c: &mut MySqlConnection) -> Result<Result<(), String>, sqlx::Error> {
+    let has: i64 = sqlx::query(HAS_COLUMNS_SQL)
+        .fetch_one(&mut *c)
+        .await?
+        .try_get(0)?;
+    if has >= UPGRADE_COLUMNS {
+        return Ok(Ok(()));
+    }
+    match sqlx::query(UPGRADE_SQL).execute(&mut *c).await {
+        Ok(_) => Ok(Ok(())),
+        Err(e) if denied(&e) => Ok(Err(sql::message(&e))),
+        // Another login added them between the count and the ALTER.
+        Err(e) if number(&e) == Some(DUPLICATE_COLUMN) => Ok(Ok(())),
+        Err(e) => Err(e),
+    }
+}
+
+/// ER_DUP_FIELDNAME.
+const DUPLICATE_COLUMN: u16 = 1060;
+
+/// Whether `e` is the server's "unknown column" (1054): a table made by an
+/// earlier release, met by a statement that names a newer column.
+fn lacks_column(e: &StoreError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<sqlx::Error>())
+        .is_some_and(|e| number(e) == Some(UNKNOWN_COLUMN))
+}
+
+impl Backend for MySqlStore {
+    async fn acquire(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(match self.acquire_in(key, lease, None, timeout).await? {
+            Acquired::Taken(epoch) => Some(epoch),
+            Acquired::Held | Acquired::DoneThisPeriod { .. } => None,
+        })
+    }
+
+    fn once_per(&self) -> bool {
+        true
+    }
+
+    async fn acquire_once(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        half: Duration,
+        timeout: Duration,
+    ) -> Result<Acquired, StoreError> {
+        match self.acquire_in(key, lease, Some(half), timeout).await {
+            Err(e) if lacks_column(&e) => {
+                self.add_run_columns(timeout).await?;
+                self.acquire_in(key, lease, Some(half), timeout).await
+            }
+            done => done,
+        }
+    }
+
+    async fn release_ending(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        outcome: Outcome,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
+        let us = micros(keep);
+        self.update(
+            "cannot release in",
+            RELEASE_ENDING_SQL,
+            vec![
+                Param::Text(outcome.to_string()),
+                Param::Micros(us),
+                Param::Micros(us),
+            ],
+            (name, holder, epoch),
+            false,
+            timeout,
+        )
+        .await
+    }
+
+    async fn run_records(
+        &mut self,
+        name: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let out = self
+            .s
+            .call(timeout, "cannot read", async move |c, _| {
+                let rows = match sqlx::query(RUN_RECORDS_SQL)
+                    .bind(name)
+                    .bind(name)
+                    .fetch_all(c)
+                    .await
+                {
+                    // A table made before the run record keeps none.
+                    Err(e) if number(&e) == Some(UNKNOWN_COLUMN) => return Ok(Vec::new()),
+                    rows => rows?,
+                };
+                rows.iter()
+                    .map(|r| {
+                        Ok(RunRecord {
+                            name: r.try_get(0)?,
+                            holder: r.try_get(1)?,
+                            epoch: r.try_get::<Option<i64>, _>(2)?.unwrap_or_default(),
+                            outcome: r.try_get(3)?,
+                            started_at: r.try_get::<Option<String>, _>(4)?.unwrap_or_default(),
+                            started_ms_ago: r.try_get::<Option<i64>, _>(5)?.unwrap_or_default(),
+                            ended_at: r.try_get(6)?,
+                            ended_ms_ago: r.try_get(7)?,
+                        })
+                    })
+                    .collect()
+            })
+            .await;
+        out
+    }
+
     async fn renew(
         &mut self,
         key: &LeaseKey,
@@ -437,7 +654,7 @@ impl Backend for MySqlStore {
         self.update(
             "cannot renew in",
             RENEW_SQL,
-            vec![micros(lease)],
+            vec![Param::Micros(micros(lease))],
             (name, holder, epoch),
             true,
             timeout,
@@ -457,7 +674,7 @@ impl Backend for MySqlStore {
         self.update(
             "cannot release in",
             RELEASE_SQL,
-            vec![us, us],
+            vec![Param::Micros(us), Param::Micros(us)],
             (name, holder, epoch),
             false,
             timeout,
@@ -509,11 +726,15 @@ impl Backend for MySqlStore {
                         }
                     }
                 }
-                for stmt in UPGRADE_SQL {
-                    match sqlx::query(stmt).execute(&mut *c).await {
-                        Err(e) if denied(&e) => break,
-                        done => done.map(|_| ())?,
-                    }
+                // A login that may not alter the table keeps it as it is:
+                // it works for every run but a --once-per one, which names
+                // the statement.
+                if let Err(why) = upgrade(c).await? {
+                    tracing::info!(
+                        event = "store_schema",
+                        "cannot add the run record's columns (--once-per) to leader_lease: \
+                         {why}; run `{UPGRADE_SQL}` as a login with ALTER on it"
+                    );
                 }
                 let mut missing = Vec::new();
                 for (privilege, probe) in PRIVILEGE_PROBES {

@@ -5,25 +5,72 @@ use crate::store::Schema;
 /// The same shape as the Postgres table. Names and holders compare byte for
 /// byte (`utf8mb4_bin`): the default collations are case-insensitive, which
 /// would make `Sweep` and `sweep` one lease here and two on Postgres.
-pub const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
+/// The run record's columns (`--once-per`) come last: an earlier release
+/// made the table without them, and [`UPGRADE_SQL`] adds them there.
+macro_rules! table_sql {
+    () => {
+        "CREATE TABLE IF NOT EXISTS leader_lease (
     name       VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
     holder     VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
     epoch      BIGINT NOT NULL DEFAULT 0,
-    expires_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00' -- UTC
-) ENGINE = InnoDB";
+    expires_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00', -- UTC
+    run_started_at DATETIME(6) NULL, -- UTC
+    run_ended_at   DATETIME(6) NULL, -- UTC
+    run_holder     VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    run_epoch      BIGINT NULL,
+    run_outcome    VARCHAR(64) CHARACTER SET utf8mb4 NULL
+) ENGINE = InnoDB"
+    };
+}
 
+/// Adds the run record's columns to a table made by an earlier release, in
+/// one statement. MySQL has no `ADD COLUMN IF NOT EXISTS` (MariaDB has), so
+/// it is sent only when [`HAS_COLUMNS_SQL`] counts fewer than
+/// [`UPGRADE_COLUMNS`]. Needs ALTER on the table; a login with only SELECT,
+/// INSERT, UPDATE keeps working without it for every run but a
+/// `--once-per` one, which names this statement.
+macro_rules! upgrade_sql {
+    () => {
+        "ALTER TABLE leader_lease \
+ADD COLUMN run_started_at DATETIME(6) NULL, \
+ADD COLUMN run_ended_at DATETIME(6) NULL, \
+ADD COLUMN run_holder VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
+ADD COLUMN run_epoch BIGINT NULL, \
+ADD COLUMN run_outcome VARCHAR(64) CHARACTER SET utf8mb4 NULL"
+    };
+}
+
+pub const TABLE_SQL: &str = table_sql!();
+pub const UPGRADE_SQL: &str = upgrade_sql!();
+
+/// `init --print`: the table, after (as a comment, since MySQL cannot make
+/// it idempotent, and printed first so that the output stays one statement
+/// for a client that splits at `;`) the upgrade of a table an earlier
+/// release made.
 pub const SCHEMA: Schema = Schema {
     dialect: "MySQL/MariaDB",
-    sql: TABLE_SQL,
+    sql: concat!(
+        "-- a table made by an earlier release lacks the run record's columns (--once-per),\n\
+         -- add them with (as a login with ALTER on it, once):\n-- ",
+        upgrade_sql!(),
+        "\n",
+        table_sql!()
+    ),
 };
+
+/// How many of the columns [`UPGRADE_SQL`] adds the table has.
+pub(super) const HAS_COLUMNS_SQL: &str = "SELECT COUNT(*) FROM information_schema.columns
+      WHERE table_schema = DATABASE() AND table_name = 'leader_lease'
+        AND column_name IN ('run_started_at', 'run_ended_at', 'run_holder', 'run_epoch',
+                            'run_outcome')";
+pub(super) const UPGRADE_COLUMNS: i64 = 5;
+
+/// ER_BAD_FIELD_ERROR: a statement naming a column the table lacks (one
+/// made by an earlier release, met by a `--once-per` statement).
+pub(super) const UNKNOWN_COLUMN: u16 = 1054;
 
 pub(super) const EXISTS_SQL: &str = "SELECT COUNT(*) FROM information_schema.tables
       WHERE table_schema = DATABASE() AND table_name = 'leader_lease'";
-
-/// Idempotent statements that bring a table made by an older leaderrun up
-/// to date, run by `init` in order once the table exists, before the
-/// privilege check; a login that may not alter the table skips them.
-pub(super) const UPGRADE_SQL: &[&str] = &[];
 
 /// What a run does to the table, one statement per privilege, none of which
 /// reads or changes a row; `init` sends each and lists those refused (1142,
@@ -53,6 +100,39 @@ pub(super) const TAKE_SQL: &str = "UPDATE leader_lease
 
 pub(super) const EPOCH_SQL: &str = "SELECT epoch FROM leader_lease WHERE name = ?";
 
+// `--once-per` (docs/stores.md, "Once per period"). In the acquiring
+// transaction, after ENSURE_ROW_SQL took the row's exclusive lock: whether
+// a run of this name started less than `half` ago (a locking read, so the
+// latest committed row, as the UPDATE below sees it). A run handed back
+// `not started` does not count. Answers the milliseconds since that start.
+// ? name, ? half µs, ? not started
+pub(super) const DONE_SQL: &str = "SELECT CAST(GREATEST(0, LEAST(
+             TIMESTAMPDIFF(MICROSECOND, run_started_at, UTC_TIMESTAMP(6)) DIV 1000,
+             315360000000)) AS SIGNED)
+       FROM leader_lease
+      WHERE name = ? AND run_started_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+        AND NOT (run_outcome <=> ?)
+      FOR UPDATE";
+
+// TAKE_SQL's takeover that also claims the period and writes the run
+// record's start (holder, epoch; no end, no outcome). The period condition
+// is DONE_SQL's complement, repeated so that this statement alone never
+// takes a period that is done; under the row lock nothing changed it in
+// between, and a later `UTC_TIMESTAMP(6)` only makes a start older.
+// `run_epoch` is assigned before `epoch`: MySQL assigns left to right, each
+// seeing the ones before, while MariaDB under SIMULTANEOUS_ASSIGNMENT sees
+// the old row; `epoch + 1` first is the new epoch under both.
+// ? holder, ? holder, ? lease µs, ? name, ? half µs, ? not started
+pub(super) const TAKE_ONCE_SQL: &str = "UPDATE leader_lease
+        SET run_epoch = epoch + 1, epoch = epoch + 1, holder = ?,
+            expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
+            run_started_at = UTC_TIMESTAMP(6), run_ended_at = NULL, run_holder = ?,
+            run_outcome = NULL
+      WHERE name = ? AND (holder IS NULL OR expires_at <= UTC_TIMESTAMP(6))
+        AND (run_started_at IS NULL
+             OR run_started_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+             OR run_outcome <=> ?)";
+
 // ? lease µs, ? name, ? holder, ? epoch
 pub(super) const RENEW_SQL: &str = "UPDATE leader_lease
         SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
@@ -64,6 +144,59 @@ pub(super) const RELEASE_SQL: &str = "UPDATE leader_lease
         SET holder = IF(? > 0, holder, NULL),
             expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
       WHERE name = ? AND holder = ? AND epoch = ?";
+
+// RELEASE_SQL that also writes the run record's end and outcome, where the
+// record is this holder's at this epoch (compared with the row's own
+// `holder` and `epoch`, which the WHERE pins to ours). The record's columns
+// are assigned first, while `holder` is still the old one.
+// ? outcome, ? keep µs, ? keep µs, ? name, ? holder, ? epoch
+pub(super) const RELEASE_ENDING_SQL: &str = "UPDATE leader_lease
+        SET run_outcome = IF(run_holder <=> holder AND run_epoch <=> epoch, ?, run_outcome),
+            run_ended_at = IF(run_holder <=> holder AND run_epoch <=> epoch,
+                              UTC_TIMESTAMP(6), run_ended_at),
+            holder = IF(? > 0, holder, NULL),
+            expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+      WHERE name = ? AND holder = ? AND epoch = ?";
+
+/// A `DATETIME(6)` column as RFC 3339 in UTC, to the millisecond.
+macro_rules! rfc3339 {
+    ($c:literal) => {
+        concat!(
+            "CONCAT(DATE_FORMAT(",
+            $c,
+            ", '%Y-%m-%dT%H:%i:%s.'), LPAD(MICROSECOND(",
+            $c,
+            ") DIV 1000, 3, '0'), 'Z')"
+        )
+    };
+}
+
+/// Milliseconds since a `DATETIME(6)` column, clamped to ten years.
+macro_rules! ago {
+    ($c:literal) => {
+        concat!(
+            "CAST(GREATEST(LEAST(TIMESTAMPDIFF(MICROSECOND, ",
+            $c,
+            ", UTC_TIMESTAMP(6)) DIV 1000, 315360000000), -315360000000) AS SIGNED)"
+        )
+    };
+}
+
+/// The run records (`--once-per`), every name's or (with `? IS NULL` false)
+/// one name's. ? name, ? name
+pub(super) const RUN_RECORDS_SQL: &str = concat!(
+    "SELECT CONVERT(name USING utf8mb4), CONVERT(run_holder USING utf8mb4), run_epoch,
+            run_outcome, ",
+    rfc3339!("run_started_at"),
+    ", ",
+    ago!("run_started_at"),
+    ", ",
+    rfc3339!("run_ended_at"),
+    ", ",
+    ago!("run_ended_at"),
+    " FROM leader_lease WHERE run_started_at IS NOT NULL AND (? IS NULL OR name = ?)
+      ORDER BY name"
+);
 
 /// What `LeaseInfo` is read from (see `sql::lease_info`). Name and holder
 /// are converted to a non-binary collation, which the driver decodes as
