@@ -566,7 +566,13 @@ macro_rules! once_per {
 }
 
 mod once_per {
-    once_per!(postgres, mysql, pgbouncer_transaction, pgbouncer_session);
+    once_per!(
+        postgres,
+        mysql,
+        redis,
+        pgbouncer_transaction,
+        pgbouncer_session
+    );
 }
 
 conformance!(

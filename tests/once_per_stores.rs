@@ -5,6 +5,7 @@
 use std::process::Child;
 
 use crate::support::mysql::My;
+use crate::support::redis::Redis;
 use crate::support::*;
 
 /// The status a skipped firing exits with here (`--conflict-exit-code`).
@@ -187,4 +188,75 @@ fn mysql_a_table_made_before_once_per_is_upgraded() {
         status_json(&my.url(), "job")["last_run"]["outcome"],
         "exit 0"
     );
+}
+
+#[test]
+fn redis_six_racing_firings_run_once_and_leave_a_record() {
+    let r = Redis::start();
+    six_racing_firings_run_once_and_leave_a_record(&r.url());
+    // Every key is the lease's hash tag's, the record has no expiry, and
+    // the period key lives half the period (1h / 2) by Redis's clock.
+    assert_eq!(r.cli(&["PTTL", "{leaderrun:rec}:run"]), "-1");
+    let pttl: i64 = r
+        .cli(&["PTTL", "{leaderrun:rec}:period"])
+        .parse()
+        .unwrap_or(0);
+    assert!((1_700_000..=1_800_000).contains(&pttl), "{pttl}");
+}
+
+/// A user made by the ACL line of the release before `--once-per` (no
+/// `TIME`, `HSET`, `HMGET`): every plain run works as before; a
+/// `--once-per` run exits 125 naming the command refused, and runs nothing.
+#[test]
+fn redis_an_acl_without_the_record_commands_refuses_only_once_per() {
+    let r = Redis::start();
+    let mut acl = vec![
+        "ACL",
+        "SETUSER",
+        "old",
+        "on",
+        ">old-pw",
+        "resetkeys",
+        "~{leaderrun:*",
+    ];
+    acl.extend(["resetchannels", "&{leaderrun:*", "-@all"]);
+    acl.extend([
+        "+ping",
+        "+eval",
+        "+evalsha",
+        "+exists",
+        "+incr",
+        "+set",
+        "+get",
+        "+pexpire",
+        "+del",
+        "+publish",
+        "+pttl",
+        "+info",
+        "+scan",
+        "+subscribe",
+        "+wait",
+    ]);
+    assert_eq!(r.cli(&acl), "OK");
+    let url = format!("redis://old:old-pw@127.0.0.1:{}/0", r.port);
+    let out = run(lr(&url, "plain", &[], "echo $LEASE_EPOCH"));
+    assert_eq!(
+        (out.code, out.stdout.trim()),
+        (Some(0), "1"),
+        "{}",
+        out.stderr
+    );
+    let dir = TempDir::new("once-acl");
+    let ran = dir.file("ran");
+    let out = run(lr(
+        &url,
+        "job",
+        &["--once-per", "1h"],
+        &format!("echo > {}", ran.display()),
+    ));
+    assert_eq!(out.code, Some(125), "{}", out.stderr);
+    assert!(out.stderr.contains("+time +hset +hmget"), "{}", out.stderr);
+    assert!(!ran.exists(), "the command ran without the rule");
+    // Nothing was left behind: plain runs of the name still work.
+    assert_eq!(run(lr(&url, "job", &[], "true")).code, Some(0));
 }

@@ -638,6 +638,25 @@ fn the_documented_acl_is_enough() {
     let res = run(lr(&format!("{url}?replicas=1"), "acl", &[], "true"));
     assert_eq!(res.code, Some(0), "{}", res.stderr);
 
+    // --once-per: its scripts (TIME, the record's hash), a second firing
+    // of the period, the record in status, with and without --name.
+    let res = run(lr(&url, "once", &["--once-per", "1h"], "exit 3"));
+    assert_eq!(res.code, Some(3), "{}", res.stderr);
+    let res = run(lr(&url, "once", &["--once-per", "1h"], "exit 4"));
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    for args in [vec!["status"], vec!["status", "--name", "once"]] {
+        let mut c = leaderrun();
+        c.args(["--store", &url]).args(&args);
+        let st = run(c);
+        assert_eq!(st.code, Some(0), "{}", st.stderr);
+        assert!(
+            st.stdout.contains("last run of once: started"),
+            "{}",
+            st.stdout
+        );
+        assert!(st.stdout.contains(": exit 3"), "{}", st.stdout);
+    }
+
     // Nothing was refused along the way but the optional CONFIG GET: every
     // `object` an ACL LOG entry names (a command, key or channel) is that.
     let log = p.primary.cli(&["ACL", "LOG"]);

@@ -10,7 +10,15 @@
 //!   survives releases and expiries, so epochs never repeat while the data
 //!   survives (see docs/stores.md for what a failover can do to that).
 //!
-//! Both keys share the hash tag `{leaderrun:NAME}`, so a script that names
+//! Under `--once-per` (docs/stores.md, "Once per period") two more:
+//! `{leaderrun:NAME}:period`, which lives half a period by Redis's own
+//! expiry from the start of the run that wrote it (Redis has no clock a
+//! stored time could be compared with inside a script but `TIME`, and
+//! expiry is what the lease already trusts), and `{leaderrun:NAME}:run`,
+//! the run record, a hash without expiry. The acquiring script checks the
+//! one and writes both, with the lease, in one atomic step.
+//!
+//! All keys share the hash tag `{leaderrun:NAME}`, so a script that names
 //! both is legal on a cluster slot too, and a name containing `{` or `}`
 //! cannot split them: both keys begin with the same bytes up to the first
 //! `}`, whatever the name.
@@ -64,7 +72,8 @@ use super::session::Session;
 use super::sql::millis;
 use super::wake::Subscription;
 use super::{
-    Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Store, StoreError, Target,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Replication, RunRecord,
+    Store, StoreError, Target, NOT_STARTED,
 };
 use crate::redact::Redacted;
 
@@ -178,6 +187,8 @@ async fn config_get(c: &mut MultiplexedConnection, name: &str) -> Option<String>
 /// How an acquisition went on the server.
 enum Taken {
     Held,
+    /// `--once-per`: this period's run started this long ago (ms).
+    Done(i64),
     /// Taken and, with `replicas=N`, acknowledged. `fsync` is read once
     /// per run, for the warning.
     Yes {
@@ -203,29 +214,82 @@ enum Renewed {
     Unconfirmed(String),
 }
 
+impl RedisStore {
+    /// The names with a key that ends in `suffix` (`SCAN`, not `KEYS`, so
+    /// a big database is not blocked; `{` and `}` are not glob
+    /// characters), sorted, each once.
+    async fn names(&mut self, suffix: &str, timeout: Duration) -> Result<Vec<String>, StoreError> {
+        let pattern = format!("{PREFIX}*{suffix}");
+        let keys: Vec<String> = self
+            .call(timeout, "cannot read", async move |c, _| {
+                let mut cursor = 0u64;
+                let mut keys = Vec::new();
+                loop {
+                    let (next, batch): (u64, Vec<String>) = ::redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(1000)
+                        .query_async(c)
+                        .await?;
+                    keys.extend(batch);
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
+                }
+                Ok(keys)
+            })
+            .await?;
+        // SCAN may return a key twice; a name is the text between the fixed
+        // prefix and suffix, whatever it contains.
+        let mut names: Vec<String> = keys
+            .iter()
+            .filter_map(|k| k.strip_prefix(PREFIX)?.strip_suffix(suffix))
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+}
+
 /// The first 8 characters of an id, for a log line.
 fn short(id: &str) -> &str {
     id.get(..8).unwrap_or(id)
 }
 
-impl Backend for RedisStore {
-    async fn acquire(
+impl RedisStore {
+    /// The acquire, plain or (with `half`) under `--once-per`'s rule.
+    async fn acquire_in(
         &mut self,
         key: &LeaseKey,
         lease: Duration,
+        half: Option<Duration>,
         timeout: Duration,
-    ) -> Result<Option<i64>, StoreError> {
+    ) -> Result<Acquired, StoreError> {
         let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let replicas = self.replicas;
         let look = !self.checked;
-        let keys = [lease_key(name), epoch_key(name)];
-        let args = vec![holder.to_string(), millis(lease).max(1).to_string()];
+        let mut keys = vec![lease_key(name), epoch_key(name)];
+        let mut args = vec![holder.to_string(), millis(lease).max(1).to_string()];
+        let lua: &Lua = match half {
+            Some(half) => {
+                keys.extend([period_key(name), run_key(name)]);
+                args.push(millis(half).max(1).to_string());
+                &ACQUIRE_ONCE
+            }
+            None => &ACQUIRE,
+        };
         let taken = self
             .call(timeout, "cannot acquire in", async move |c, deadline| {
                 let start = Instant::now();
-                let v = eval(c, &ACQUIRE, &keys, &args).await?;
-                let Some((epoch, server)) = parse_acquired(&v)? else {
-                    return Ok(Taken::Held);
+                let v = eval(c, lua, &keys, &args).await?;
+                let (epoch, server) = match parse_acquired(&v)? {
+                    Reply::Held => return Ok(Taken::Held),
+                    Reply::Done(ms) => return Ok(Taken::Done(ms)),
+                    Reply::Taken(epoch, server) => (epoch, server),
                 };
                 let rtt = start.elapsed();
                 // Room for the hand-back below, and for reading the
@@ -242,10 +306,22 @@ impl Backend for RedisStore {
                         // waits out a lease whose command never starts.
                         // Waiters are not woken: the lease was never
                         // usable, and they would most likely meet the
-                        // same stalled replication.
+                        // same stalled replication. Under --once-per
+                        // nothing ran: the period is not used up.
                         let value = lease_value(epoch, &args[0]);
-                        let back = [value, "0".into(), String::new()];
-                        let handed = eval(c, &RELEASE, &keys, &back).await;
+                        let mut back = vec![value, "0".into(), String::new()];
+                        let handed = match half {
+                            Some(_) => {
+                                back.extend([
+                                    NOT_STARTED.to_string(),
+                                    args[0].clone(),
+                                    epoch.to_string(),
+                                ]);
+                                let ks = [keys[0].clone(), keys[2].clone(), keys[3].clone()];
+                                eval(c, &RELEASE_ENDING, &ks, &back).await
+                            }
+                            None => eval(c, &RELEASE, &keys, &back).await,
+                        };
                         let why = confirmed?.unwrap_or_default();
                         handed?;
                         return Ok(Taken::Unconfirmed { epoch, why });
@@ -273,7 +349,8 @@ impl Backend for RedisStore {
             })
             .await?;
         match taken {
-            Taken::Held => Ok(None),
+            Taken::Held => Ok(Acquired::Held),
+            Taken::Done(started_ms_ago) => Ok(Acquired::DoneThisPeriod { started_ms_ago }),
             Taken::Yes {
                 epoch,
                 server,
@@ -284,7 +361,7 @@ impl Backend for RedisStore {
                     epoch,
                     primary: server,
                 });
-                Ok(Some(epoch))
+                Ok(Acquired::Taken(epoch))
             }
             Taken::Unconfirmed { epoch, why } => Err(StoreError::unavailable(format!(
                 "cannot acquire in the store {}: the acquisition (epoch {epoch}) {why}, so \
@@ -292,6 +369,156 @@ impl Backend for RedisStore {
                 self.s.c.redacted
             ))),
         }
+    }
+
+    /// The run record of `name`, by the server's clock; `None` without one.
+    async fn run_record(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        let keys = [run_key(name)];
+        let v = self
+            .call(timeout, "cannot read", async |c, _| {
+                eval(c, &RECORD, &keys, &[]).await
+            })
+            .await?;
+        let parts = match &v {
+            Value::Nil => return Ok(None),
+            Value::Array(p) if p.len() == 6 => p,
+            _ => {
+                return Err(StoreError::fatal(format!(
+                    "unexpected reply from Redis for {name}'s run record: {v:?}"
+                )))
+            }
+        };
+        let now = as_int(&parts[0]).unwrap_or_default();
+        // A field written by hand that is not a time reads as none, and
+        // times are clamped as status clamps every time.
+        let at = |v: &Value| as_int(v).map(|ms| ms.clamp(now - MAX_MS, now + MAX_MS));
+        let (started, ended) = (at(&parts[1]), at(&parts[2]));
+        Ok(Some(RunRecord {
+            name: name.to_string(),
+            started_at: started.map(rfc3339).unwrap_or_default(),
+            started_ms_ago: started.map_or(0, |s| now - s),
+            ended_at: ended.map(rfc3339),
+            ended_ms_ago: ended.map(|e| now - e),
+            holder: as_text(&parts[3]),
+            epoch: as_int(&parts[4]).unwrap_or_default(),
+            outcome: as_text(&parts[5]),
+        }))
+    }
+}
+
+/// Whether Redis refused a command for the user's ACL (`NOPERM`, or inside
+/// a script "can't run this command").
+fn refused_by_acl(e: &StoreError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<RedisError>())
+        .is_some_and(|r| {
+            r.code() == Some("NOPERM") || r.to_string().contains("can't run this command")
+        })
+}
+
+/// Ten years in milliseconds: a time shown is clamped to it.
+const MAX_MS: i64 = 10 * 366 * 24 * 3600 * 1000;
+
+/// Milliseconds since the Unix epoch (the server's `TIME`) as RFC 3339 in
+/// UTC, to the millisecond.
+fn rfc3339(ms: i64) -> String {
+    let t = match u64::try_from(ms) {
+        Ok(ms) => std::time::UNIX_EPOCH + Duration::from_millis(ms),
+        Err(_) => std::time::UNIX_EPOCH,
+    };
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+impl Backend for RedisStore {
+    async fn acquire(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(match self.acquire_in(key, lease, None, timeout).await? {
+            Acquired::Taken(epoch) => Some(epoch),
+            Acquired::Held | Acquired::DoneThisPeriod { .. } => None,
+        })
+    }
+
+    fn once_per(&self) -> bool {
+        true
+    }
+
+    async fn acquire_once(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        half: Duration,
+        timeout: Duration,
+    ) -> Result<Acquired, StoreError> {
+        match self.acquire_in(key, lease, Some(half), timeout).await {
+            // A user made by the ACL line of the release before --once-per:
+            // Redis 7.0 names no command when a script's call is refused.
+            Err(e) if !e.may_heal() && refused_by_acl(&e) => Err(e.reworded(|m| {
+                format!(
+                    "{m} (--once-per's scripts also call TIME, HSET and HMGET: add \
+                     +time +hset +hmget to the user's ACL, as docs/stores.md shows)"
+                )
+            })),
+            done => done,
+        }
+    }
+
+    /// As `release`, with the run's end and outcome written in the same
+    /// script where the record is this holder's at `epoch`.
+    async fn release_ending(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        outcome: Outcome,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
+        let keys = [lease_key(name), period_key(name), run_key(name)];
+        let args = [
+            lease_value(epoch, holder),
+            millis(keep).to_string(),
+            redis_channel(name),
+            outcome.to_string(),
+            holder.to_string(),
+            epoch.to_string(),
+        ];
+        let v = self
+            .call(timeout, "cannot release in", async |c, _| {
+                eval(c, &RELEASE_ENDING, &keys, &args).await
+            })
+            .await?;
+        if self.granted.as_ref().is_some_and(|g| g.epoch == epoch) {
+            self.granted = None;
+        }
+        Ok(as_int(&v) == Some(1))
+    }
+
+    /// Of `name`, or of every name with a record (`SCAN` for the records'
+    /// keys, as `list` scans the counters).
+    async fn run_records(
+        &mut self,
+        name: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let names = match name {
+            Some(n) => vec![n.to_string()],
+            None => self.names(RUN_SUFFIX, timeout).await?,
+        };
+        let mut out = Vec::with_capacity(names.len());
+        for n in names {
+            if let Some(r) = self.run_record(&n, timeout).await? {
+                out.push(r);
+            }
+        }
+        Ok(out)
     }
 
     async fn renew(
@@ -480,41 +707,9 @@ impl Backend for RedisStore {
     }
 
     /// Every lease that was ever acquired has an epoch counter, held or not,
-    /// so the counters are what is scanned (`SCAN`, not `KEYS`, so a big
-    /// database is not blocked). `{` and `}` are not glob characters.
+    /// so the counters are what is scanned.
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
-        let pattern = format!("{PREFIX}*{EPOCH_SUFFIX}");
-        let keys: Vec<String> = self
-            .call(timeout, "cannot read", async move |c, _| {
-                let mut cursor = 0u64;
-                let mut keys = Vec::new();
-                loop {
-                    let (next, batch): (u64, Vec<String>) = ::redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(&pattern)
-                        .arg("COUNT")
-                        .arg(1000)
-                        .query_async(c)
-                        .await?;
-                    keys.extend(batch);
-                    if next == 0 {
-                        break;
-                    }
-                    cursor = next;
-                }
-                Ok(keys)
-            })
-            .await?;
-        // SCAN may return a key twice; a name is the text between the fixed
-        // prefix and suffix, whatever it contains.
-        let mut names: Vec<String> = keys
-            .iter()
-            .filter_map(|k| k.strip_prefix(PREFIX)?.strip_suffix(EPOCH_SUFFIX))
-            .map(str::to_string)
-            .collect();
-        names.sort();
-        names.dedup();
+        let names = self.names(EPOCH_SUFFIX, timeout).await?;
         let mut out = Vec::with_capacity(names.len());
         for n in names {
             if let Some(info) = self.inspect(&n, timeout).await? {

@@ -21,6 +21,47 @@ return {e, redis.call('INFO', 'server'), redis.call('INFO', 'replication'),
   redis.call('INFO', 'persistence')}
 ";
 
+/// The server's clock in milliseconds (`TIME`), as a Lua integer. A
+/// script that reads `TIME` and then writes is replicated by its effects
+/// (the only way from Redis 7, the default from 5), so replicas get the
+/// values written, not the call.
+macro_rules! now_ms {
+    () => {
+        "local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"
+    };
+}
+
+/// `--once-per` (docs/stores.md, "Once per period"). `KEYS[1]` lease,
+/// `KEYS[2]` epoch, `KEYS[3]` period, `KEYS[4]` run record; `ARGV[1]`
+/// holder, `ARGV[2]` lease ms, `ARGV[3]` half period ms. There is no clock
+/// to compare a stored start with but Redis's own expiry, so "a run started
+/// less than half a period ago" *is* the period key, which the taking
+/// script writes `PX half` beside the lease (`START_MS:EPOCH`). Returns
+/// `{'done', ms since that start}` while it lives (whether or not the lease
+/// is held: the period's run has started); nil when the lease is held;
+/// otherwise as ACQUIRE, having also written the run record afresh (start
+/// by `TIME`, holder, epoch; no end, no outcome) in a hash without expiry.
+pub(super) const ACQUIRE_ONCE_LUA: &str = concat!(
+    now_ms!(),
+    r"
+local started = redis.call('GET', KEYS[3])
+if started then
+  local s = tonumber(string.match(started, '^(%d+)')) or now
+  return {'done', math.max(0, now - s)}
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local e = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], e .. ':' .. ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[3], string.format('%d:%d', now, e), 'PX', ARGV[3], 'NX')
+redis.call('DEL', KEYS[4])
+redis.call('HSET', KEYS[4], 'started', string.format('%d', now), 'holder', ARGV[1], 'epoch', e)
+return {e, redis.call('INFO', 'server'), redis.call('INFO', 'replication'),
+  redis.call('INFO', 'persistence')}
+"
+);
+
 /// `KEYS[1]` lease; `ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` lease ms, `ARGV[3]`
 /// and `ARGV[4]` the run_id and master_replid of the primary that granted
 /// the lease ('' when not known: nothing to compare). Returns 1 when
@@ -58,6 +99,52 @@ end
 return 1
 ";
 
+/// RELEASE with the run's end (`--once-per`). `KEYS[1]` lease, `KEYS[2]`
+/// period, `KEYS[3]` run record; `ARGV[1]`..`ARGV[3]` as RELEASE, `ARGV[4]`
+/// the outcome, `ARGV[5]` holder, `ARGV[6]` epoch. The end (by `TIME`) and
+/// outcome are written where the record is this holder's at this epoch,
+/// whether or not the lease key still lives: a record that still names
+/// them was written by no one since (a takeover writes its own), so a lost
+/// lease is recorded `lost` when its holder gets to say so. A run that
+/// never started (`not started`) also deletes the period key, if it is its
+/// own: nothing ran, and the period's next firing runs.
+pub(super) const RELEASE_ENDING_LUA: &str = concat!(
+    r"
+local r = redis.call('HMGET', KEYS[3], 'holder', 'epoch')
+if r[1] == ARGV[5] and r[2] == ARGV[6] then
+",
+    now_ms!(),
+    r"
+  redis.call('HSET', KEYS[3], 'ended', string.format('%d', now), 'outcome', ARGV[4])
+  if ARGV[4] == 'not started' then
+    local p = redis.call('GET', KEYS[2])
+    if p and string.match(p, ':(%d+)$') == ARGV[6] then redis.call('DEL', KEYS[2]) end
+  end
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+else
+  redis.call('DEL', KEYS[1])
+  if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], '') end
+end
+return 1
+"
+);
+
+/// `KEYS[1]` run record. `{now ms, started, ended, holder, epoch,
+/// outcome}` by the server's clock, or nil when there is no record.
+pub(super) const RECORD_LUA: &str = concat!(
+    r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+",
+    now_ms!(),
+    r"
+local r = redis.call('HMGET', KEYS[1], 'started', 'ended', 'holder', 'epoch', 'outcome')
+return {string.format('%d', now), r[1], r[2], r[3], r[4], r[5]}
+"
+);
+
 /// `KEYS[1]` lease, `KEYS[2]` epoch. `{counter, value, pttl}`, read in one
 /// step so the three agree.
 pub(super) const INSPECT_LUA: &str = r"
@@ -84,10 +171,16 @@ pub(super) static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(RENEW_LUA));
 pub(super) static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(RELEASE_LUA));
 pub(super) static INSPECT: LazyLock<Lua> = LazyLock::new(|| Lua::new(INSPECT_LUA));
 pub(super) static CLEAR: LazyLock<Lua> = LazyLock::new(|| Lua::new(CLEAR_LUA));
+pub(super) static ACQUIRE_ONCE: LazyLock<Lua> = LazyLock::new(|| Lua::new(ACQUIRE_ONCE_LUA));
+pub(super) static RELEASE_ENDING: LazyLock<Lua> = LazyLock::new(|| Lua::new(RELEASE_ENDING_LUA));
+pub(super) static RECORD: LazyLock<Lua> = LazyLock::new(|| Lua::new(RECORD_LUA));
 
 pub(super) const PREFIX: &str = "{leaderrun:";
 pub(super) const LEASE_SUFFIX: &str = "}:lease";
 pub(super) const EPOCH_SUFFIX: &str = "}:epoch";
+/// `--once-per`: the period key (lives half a period) and the run record.
+pub(super) const PERIOD_SUFFIX: &str = "}:period";
+pub(super) const RUN_SUFFIX: &str = "}:run";
 
 pub(super) fn lease_key(name: &str) -> String {
     format!("{PREFIX}{name}{LEASE_SUFFIX}")
@@ -95,6 +188,14 @@ pub(super) fn lease_key(name: &str) -> String {
 
 pub(super) fn epoch_key(name: &str) -> String {
     format!("{PREFIX}{name}{EPOCH_SUFFIX}")
+}
+
+pub(super) fn period_key(name: &str) -> String {
+    format!("{PREFIX}{name}{PERIOD_SUFFIX}")
+}
+
+pub(super) fn run_key(name: &str) -> String {
+    format!("{PREFIX}{name}{RUN_SUFFIX}")
 }
 
 /// The lease key's value: the epoch first, since it has no `:` in it, so the
@@ -163,16 +264,26 @@ pub(super) fn as_text(v: &Value) -> Option<String> {
     }
 }
 
-/// The acquire script's reply: `None` when held, else the epoch and the
-/// server that granted it.
-pub(super) fn parse_acquired(v: &Value) -> Result<Option<(i64, Server)>, RedisError> {
+/// What an acquire script answered.
+pub(super) enum Reply {
+    Held,
+    /// `--once-per`: this period's run started this long ago (ms).
+    Done(i64),
+    Taken(i64, Server),
+}
+
+/// The acquire scripts' reply.
+pub(super) fn parse_acquired(v: &Value) -> Result<Reply, RedisError> {
     match v {
-        Value::Nil => Ok(None),
+        Value::Nil => Ok(Reply::Held),
+        Value::Array(p) if p.len() == 2 && as_text(&p[0]).as_deref() == Some("done") => Ok(
+            Reply::Done(as_int(&p[1]).ok_or_else(|| bad_reply("acquire", v))?),
+        ),
         Value::Array(p) if p.len() == 4 => {
             let epoch = as_int(&p[0]).ok_or_else(|| bad_reply("acquire", v))?;
             let texts: Vec<String> = p[1..].iter().filter_map(as_text).collect();
             let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-            Ok(Some((epoch, Server::parse(&texts))))
+            Ok(Reply::Taken(epoch, Server::parse(&texts)))
         }
         _ => Err(bad_reply("acquire", v)),
     }
@@ -228,6 +339,8 @@ mod tests {
                 k[open + 1..close].to_string()
             };
             assert_eq!(tag(&l), tag(&e), "{name}");
+            assert_eq!(tag(&l), tag(&period_key(name)), "{name}");
+            assert_eq!(tag(&l), tag(&run_key(name)), "{name}");
         }
     }
 
