@@ -36,7 +36,7 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -l timeout -d 'With --
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l retry -d 'How often a waiting contender tries, P [default: 2s]' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l min-hold -d 'Keep the lease at least this long after acquiring it' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l max-term -d 'Step down after leading this long: stop the command (as on a lost lease), release, wait until another contender leads (at most one lease length), exit 75' -r
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -l once-per -d 'Run at most once per firing of a schedule (cron): skip, like a held lease, when a run of this name started less than DUR/2 ago by the store\'s clock (2s to 365d; Postgres and the embedded store)' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l once-per -d 'Run at most once per firing of a schedule (cron): skip, like a held lease, when a run of this name started less than DUR/2 ago by the store\'s clock (2s to 365d; on etcd a whole even number of seconds, at least 4s)' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l holder -d 'Holder id [default: <hostname>:<pid>:<random>]; must be unique per process' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l conflict-exit-code -d 'Exit status when the lease is held elsewhere' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l metrics-file -d 'Write Prometheus metrics to this file (atomically replaced)' -r -F

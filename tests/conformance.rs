@@ -568,8 +568,10 @@ macro_rules! once_per {
 mod once_per {
     once_per!(
         postgres,
+        sqlite,
         mysql,
         redis,
+        etcd,
         pgbouncer_transaction,
         pgbouncer_session
     );

@@ -1,15 +1,12 @@
-//! `--once-per` end to end on the stores beyond Postgres (tests/once_per.rs):
-//! racing firings, the run record in `status`, and the upgrade of a table
-//! made by the release before `--once-per`. Against real servers.
+//! `--once-per` on MySQL/MariaDB, Redis and etcd beyond the store-generic
+//! tests of tests/once_per.rs: the upgrade of a MySQL table made by the
+//! release before `--once-per`, Redis's keys and an ACL from that release,
+//! etcd's refusal of a period it cannot keep half of. Against real servers.
 
-use std::process::Child;
-
+use crate::support::etcd::Etcd;
 use crate::support::mysql::My;
 use crate::support::redis::Redis;
 use crate::support::*;
-
-/// The status a skipped firing exits with here (`--conflict-exit-code`).
-const SKIP: i32 = 3;
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"))
@@ -29,87 +26,6 @@ fn lines(path: &std::path::Path) -> Vec<String> {
         .lines()
         .map(str::to_string)
         .collect()
-}
-
-/// Six firings of one period at once: one runs, five skip as "done this
-/// period"; then the record of a run that exited 7.
-fn six_racing_firings_run_once_and_leave_a_record(url: &str) {
-    let dir = TempDir::new("once-race");
-    let runs = dir.file("runs");
-    let script = format!("echo ran >> {}; sleep 0.3", runs.display());
-    let kids: Vec<Child> = (0..6)
-        .map(|_| {
-            let skip = SKIP.to_string();
-            let mut c = lr(
-                url,
-                "race",
-                &["-v", "--once-per", "1h", "--conflict-exit-code", &skip],
-                &script,
-            );
-            c.stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped());
-            c.spawn().expect("spawn leaderrun")
-        })
-        .collect();
-    let outs: Vec<_> = kids
-        .into_iter()
-        .map(|k| k.wait_with_output().expect("wait"))
-        .collect();
-    let codes: Vec<_> = outs.iter().map(|o| o.status.code()).collect();
-    let errs: Vec<_> = outs
-        .iter()
-        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
-        .collect();
-    assert_eq!(lines(&runs), ["ran"], "codes {codes:?} {errs:?}");
-    assert_eq!(
-        codes.iter().filter(|c| **c == Some(0)).count(),
-        1,
-        "{codes:?} {errs:?}"
-    );
-    assert_eq!(
-        codes.iter().filter(|c| **c == Some(SKIP)).count(),
-        5,
-        "{codes:?} {errs:?}"
-    );
-    for o in outs.iter().filter(|o| o.status.code() == Some(SKIP)) {
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(err.contains("this period's run started"), "{err}");
-    }
-    let out = run(lr(
-        url,
-        "rec",
-        &["--once-per", "1h", "--holder", "h1"],
-        "exit 7",
-    ));
-    assert_eq!(out.code, Some(7), "{}", out.stderr);
-    let j = status_json(url, "rec");
-    let r = &j["last_run"];
-    assert_eq!(r["outcome"], "exit 7", "{j}");
-    assert_eq!(r["holder"], "h1", "{j}");
-    assert_eq!(r["epoch"], j["epoch"], "{j}");
-    let (started, ended) = (r["started_ms_ago"].as_i64(), r["ended_ms_ago"].as_i64());
-    assert!(
-        started.zip(ended).is_some_and(|(s, e)| s >= e && e >= 0),
-        "{j}"
-    );
-    assert!(
-        r["started_at"].as_str().is_some_and(|s| s.ends_with('Z')),
-        "{j}"
-    );
-    assert!(r["ended_at"].is_string(), "{j}");
-    // A second firing of that period skips, the lease being free.
-    let out = run(lr(url, "rec", &["--once-per", "1h"], "exit 9"));
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert_eq!(status_json(url, "rec")["last_run"]["outcome"], "exit 7");
-    // A lease without --once-per has no record.
-    assert_eq!(run(lr(url, "plain", &[], "true")).code, Some(0));
-    assert!(status_json(url, "plain").get("last_run").is_none());
-}
-
-#[test]
-fn mysql_six_racing_firings_run_once_and_leave_a_record() {
-    let my = My::start();
-    six_racing_firings_run_once_and_leave_a_record(&my.url());
 }
 
 /// The table as the release before `--once-per` made it.
@@ -190,12 +106,14 @@ fn mysql_a_table_made_before_once_per_is_upgraded() {
     );
 }
 
+/// Every key of a `--once-per` run has the lease's hash tag; the record has
+/// no expiry, and the period key lives half the period (1h / 2) by Redis's
+/// clock.
 #[test]
-fn redis_six_racing_firings_run_once_and_leave_a_record() {
+fn redis_the_period_lives_half_the_period_and_the_record_for_good() {
     let r = Redis::start();
-    six_racing_firings_run_once_and_leave_a_record(&r.url());
-    // Every key is the lease's hash tag's, the record has no expiry, and
-    // the period key lives half the period (1h / 2) by Redis's clock.
+    let out = run(lr(&r.url(), "rec", &["--once-per", "1h"], "true"));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert_eq!(r.cli(&["PTTL", "{leaderrun:rec}:run"]), "-1");
     let pttl: i64 = r
         .cli(&["PTTL", "{leaderrun:rec}:period"])
@@ -259,4 +177,30 @@ fn redis_an_acl_without_the_record_commands_refuses_only_once_per() {
     assert!(!ran.exists(), "the command ran without the rule");
     // Nothing was left behind: plain runs of the name still work.
     assert_eq!(run(lr(&url, "job", &[], "true")).code, Some(0));
+}
+
+/// etcd keeps the period as a lease of half of it, in whole seconds of at
+/// least 2: any other period is refused before anything runs (exit 2, one
+/// line naming why); 4s is the shortest it keeps.
+#[test]
+fn etcd_refuses_a_period_it_cannot_keep_half_of() {
+    let e = Etcd::start();
+    let dir = TempDir::new("once-etcd-usage");
+    let ran = dir.file("ran");
+    let script = format!("echo > {}", ran.display());
+    for period in ["2s", "3s", "5s", "4500ms"] {
+        let out = run(lr(&e.url(), "job", &["--once-per", period], &script));
+        assert_eq!(out.code, Some(2), "{period}: {}", out.stderr);
+        assert!(
+            out.stderr
+                .contains("must be a multiple of 2s and at least 4s"),
+            "{period}: {}",
+            out.stderr
+        );
+        assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+        assert!(!ran.exists(), "{period}: the command ran");
+    }
+    let out = run(lr(&e.url(), "job", &["--once-per", "4s"], &script));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(ran.exists());
 }

@@ -388,4 +388,18 @@ fn the_documented_role_is_all_a_user_needs() {
     );
     let res = admin(&url, &["check", "--name", "job", "--epoch", "2"]);
     assert_eq!(res.code, Some(1), "{}", res.stderr);
+
+    // --once-per: its period and record keys are under the prefix too.
+    let res = run(lr(&url, "once", &["--once-per", "1h"], "exit 3"));
+    assert_eq!(res.code, Some(3), "{}", res.stderr);
+    let res = run(lr(&url, "once", &["--once-per", "1h"], "exit 4"));
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    let res = admin(&url, &["status"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    assert!(
+        res.stdout.contains("last run of once: started"),
+        "{}",
+        res.stdout
+    );
+    assert!(res.stdout.contains(": exit 3"), "{}", res.stdout);
 }

@@ -153,8 +153,8 @@ pub struct RunArgs {
     pub max_term: Option<DurationArg>,
 
     /// Run at most once per firing of a schedule (cron): skip, like a held lease, when a run of
-    /// this name started less than DUR/2 ago by the store's clock (2s to 365d; Postgres and the
-    /// embedded store)
+    /// this name started less than DUR/2 ago by the store's clock (2s to 365d; on etcd a whole
+    /// even number of seconds, at least 4s)
     #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub once_per: Option<DurationArg>,
 

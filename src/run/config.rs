@@ -142,6 +142,25 @@ fn once_per(
             store.kind()
         )));
     }
+    // A store that keeps the period as a lease of its own in whole units
+    // (etcd: seconds, at least 2) must keep exactly DUR/2: a rounded one
+    // would move the rule's boundary. Millisecond stores keep any DUR.
+    let caps = store.capabilities();
+    let unit = caps.granularity;
+    if unit > Duration::from_millis(1)
+        && (period.value().as_nanos() % (2 * unit.as_nanos()) != 0 || half < caps.min_lease)
+    {
+        return Err(usage(format!(
+            "--once-per ({period}) on the {} store must be a multiple of {} and at least {}: the \
+             store keeps the period as a lease of half of it, granted in multiples of {} of at \
+             least {}",
+            store.kind(),
+            show(2 * unit),
+            show(2 * caps.min_lease),
+            show(unit),
+            show(caps.min_lease),
+        )));
+    }
     Ok((period, half))
 }
 

@@ -18,6 +18,10 @@ use super::members::{EtcdError, Res};
 
 pub(super) const LEASE_PREFIX: &str = "leaderrun/lease/";
 pub(super) const EPOCH_PREFIX: &str = "leaderrun/epoch/";
+/// `--once-per`: the period key (on an etcd lease of half the period) and
+/// the run record (on none).
+pub(super) const PERIOD_PREFIX: &str = "leaderrun/period/";
+pub(super) const RUN_PREFIX: &str = "leaderrun/run/";
 
 pub(super) fn b64(s: &str) -> String {
     B64.encode(s.as_bytes())
@@ -29,6 +33,14 @@ pub(super) fn lease_key(name: &str) -> String {
 
 pub(super) fn epoch_key(name: &str) -> String {
     format!("{EPOCH_PREFIX}{name}")
+}
+
+pub(super) fn period_key(name: &str) -> String {
+    format!("{PERIOD_PREFIX}{name}")
+}
+
+pub(super) fn run_key(name: &str) -> String {
+    format!("{RUN_PREFIX}{name}")
 }
 
 /// The end of a prefix range: the prefix with its last byte + 1 (the

@@ -24,7 +24,7 @@ pub(super) fn ttl_secs(d: Duration) -> i64 {
 /// `Members::grant`): 63 random bits, never 0 (which asks etcd to
 /// choose). The randomness is std's per-process hash keys (from the
 /// operating system), applied to a counter and the time.
-fn fresh_lease_id() -> i64 {
+pub(super) fn fresh_lease_id() -> i64 {
     use std::hash::{BuildHasher, RandomState};
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);

@@ -44,6 +44,10 @@
 //! Every request is linearizable (no `serializable` reads), so any member
 //! answers with the quorum's view.
 //!
+//! `--once-per`: a period key on an etcd lease of half the period, put by
+//! the acquiring transaction only where it does not exist, and the run
+//! record (once.rs).
+//!
 //! Push wake-ups: a `Watch` on `leaderrun/lease/NAME`, made before each
 //! attempt, fires on delete, whether by release, revocation or expiry. The
 //! gateway streams it as `/v3/watch`, one JSON object per event, on a
@@ -63,14 +67,15 @@ use tokio::time::Instant;
 use super::session::{Connect, Session};
 use super::wake::Subscription;
 use super::{
-    Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Store, StoreError, Target,
-    MAX_STORED,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Replication, RunRecord,
+    Store, StoreError, Target, MAX_STORED,
 };
 
 mod api;
 mod http;
 mod lease;
 mod members;
+mod once;
 mod url;
 pub(crate) mod wake;
 
@@ -168,6 +173,76 @@ impl Backend for EtcdStore {
             self.granted = Some((epoch, id));
             epoch
         }))
+    }
+
+    fn once_per(&self) -> bool {
+        true
+    }
+
+    /// The period is a key on an etcd lease of `half` (whole seconds: the
+    /// run form refuses a period etcd cannot keep half of), created by the
+    /// acquiring transaction only where it does not exist (once.rs).
+    async fn acquire_once(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        half: Duration,
+        timeout: Duration,
+    ) -> Result<Acquired, StoreError> {
+        let (ttl, half) = (ttl_secs(lease), ttl_secs(half));
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
+        let (got, id) = self
+            .call(timeout, "cannot acquire in", async |m| {
+                m.take_once(name, holder, ttl, half).await
+            })
+            .await?;
+        if let (Acquired::Taken(epoch), Some(id)) = (got, id) {
+            self.granted = Some((epoch, id));
+        }
+        Ok(got)
+    }
+
+    /// The record's end first, then the release: a `not started` run's
+    /// period is deleted before the lease is free, so no racer finds the
+    /// lease free and the period still taken. A record that could not be
+    /// written does not keep the lease from being handed back.
+    async fn release_ending(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        outcome: Outcome,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let (name, holder, known) = (key.name.as_str(), key.holder.as_str(), self.granted);
+        let outcome = outcome.to_string();
+        let (ended, released) = self
+            .call(timeout, "cannot release in", async |m| {
+                let ended = m.end_run(name, holder, epoch, &outcome).await;
+                let released = m.give_back(name, holder, epoch, keep, known).await?;
+                Ok((ended.err(), released))
+            })
+            .await?;
+        self.granted = None;
+        if let Some(e) = ended {
+            tracing::warn!(
+                event = "store_error",
+                epoch,
+                "could not write the end of the run of {name} into the store {}: {e}; its \
+                 record shows no end",
+                self.s.c.shown()
+            );
+        }
+        Ok(released)
+    }
+
+    async fn run_records(
+        &mut self,
+        name: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        self.call(timeout, "cannot read", async |m| m.run_records(name).await)
+            .await
     }
 
     async fn renew(
