@@ -204,3 +204,62 @@ fn etcd_refuses_a_period_it_cannot_keep_half_of() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(ran.exists());
 }
+
+/// On the stores that delete an expired lease's key (Redis, etcd), a run
+/// whose lease ran out before its hand-back still writes its end: the
+/// record still names it, so no one has run since. Its release finds no
+/// lease ("not ours"), and the record says `lost`.
+fn an_expired_runs_end_is_still_recorded(url: &str) {
+    use leaderrun::store::{open, Acquired, LeaseLock, Origin, Outcome};
+    use std::time::Duration;
+    let sec = Duration::from_secs(1);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut l = match open(Some((url, Origin::Flag)), "leaderrun-test", 5 * sec) {
+            Ok(s) => s.lock("lost", "a"),
+            Err(e) => panic!("cannot open {url}: {e}"),
+        };
+        l.once_per(Duration::from_secs(1800));
+        let lease = l
+            .capabilities()
+            .grant(2 * sec)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            l.take(lease, 5 * sec).await.expect("take"),
+            Acquired::Taken(1)
+        );
+        let t0 = std::time::Instant::now();
+        while l
+            .inspect(5 * sec)
+            .await
+            .expect("inspect")
+            .is_some_and(|i| i.is_live())
+        {
+            assert!(t0.elapsed() < lease + 5 * sec, "never expired");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        l.ending(Outcome::Lost);
+        assert!(!l
+            .release(1, Duration::ZERO, 5 * sec)
+            .await
+            .expect("release"));
+    });
+    let j = status_json(url, "lost");
+    assert_eq!(j["last_run"]["outcome"], "lost", "{j}");
+    assert!(j["last_run"]["ended_at"].is_string(), "{j}");
+}
+
+#[test]
+fn redis_an_expired_runs_end_is_still_recorded() {
+    let r = Redis::start();
+    an_expired_runs_end_is_still_recorded(&r.url());
+}
+
+#[test]
+fn etcd_an_expired_runs_end_is_still_recorded() {
+    let e = Etcd::start();
+    an_expired_runs_end_is_still_recorded(&e.url());
+}
