@@ -315,3 +315,46 @@ fn no_tenure_is_left_out_embedded() {
 fn no_tenure_is_left_out_postgres() {
     no_tenure_is_left_out(stores::postgres());
 }
+
+/// A `--once-per` run's end is a line of its own, with the outcome its
+/// record says, after the lease's release.
+fn a_runs_end_is_said_with_its_outcome(srv: Server) {
+    let dir = TempDir::new("watch-run");
+    // The store's file or table first: `watch` never creates one.
+    let first = run(lr(&srv.url, "r", &[], "true"));
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    let w = Watcher::start(
+        &srv.url,
+        &["--name", "r", "--retry", "100ms"],
+        &dir.file("w.log"),
+    );
+    assert_eq!(w.next(10 * SEC)["event"], "state");
+    let out = run(lr(&srv.url, "r", &["--once-per", "1h"], "exit 3"));
+    assert_eq!(out.code, Some(3), "{}", out.stderr);
+    let ended = loop {
+        let l = w.next(10 * SEC);
+        if l["event"] == "run_ended" {
+            break l;
+        }
+    };
+    assert_eq!(ended["outcome"], "exit 3", "{ended}");
+    assert!(ended["epoch"].as_i64().is_some_and(|e| e >= 1), "{ended}");
+    let mut child = w.child;
+    signal(child.id(), Signal::SIGTERM);
+    assert_eq!(wait_exit(&mut child, 5 * SEC).code(), Some(0));
+}
+
+#[test]
+fn a_runs_end_is_said_with_its_outcome_embedded() {
+    a_runs_end_is_said_with_its_outcome(stores::sqlite());
+}
+
+#[test]
+fn a_runs_end_is_said_with_its_outcome_postgres() {
+    a_runs_end_is_said_with_its_outcome(stores::postgres());
+}
+
+#[test]
+fn a_runs_end_is_said_with_its_outcome_redis() {
+    a_runs_end_is_said_with_its_outcome(stores::redis());
+}

@@ -15,6 +15,8 @@
 //! store still has the facts for (the last one's holder, where the store
 //! keeps it).
 
+mod runs;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::{Duration, Instant, SystemTime};
@@ -181,6 +183,9 @@ struct Line<'a> {
     /// last).
     #[serde(skip_serializing_if = "Option::is_none")]
     first_epoch: Option<i64>,
+    /// For `run_ended`: how the `--once-per` run ended, as its record says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outcome: Option<&'a str>,
     live: bool,
     expires_in_ms: Option<i64>,
 }
@@ -202,6 +207,7 @@ impl Printer {
                 epoch: l.map(|l| l.epoch),
                 previous_epoch: None,
                 first_epoch: None,
+                outcome: None,
                 live: l.is_some_and(held),
                 expires_in_ms: l.and_then(LeaseInfo::expires_in_ms_shown),
             });
@@ -247,6 +253,7 @@ impl Printer {
                 epoch: Some(epoch),
                 previous_epoch,
                 first_epoch,
+                outcome: None,
                 live: cur.is_some_and(held),
                 expires_in_ms: cur.and_then(LeaseInfo::expires_in_ms_shown),
             });
@@ -314,6 +321,7 @@ pub async fn run(
     let mut push: Option<Subscription> = name.as_deref().and_then(|n| store.wakeups(n));
     let printer = Printer { json };
     let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
+    let mut runs = runs::Runs::default();
     let mut first = true;
     let mut failing: Option<u32> = None;
     loop {
@@ -331,7 +339,15 @@ pub async fn run(
                         "the store answers again after {n} failed read(s)"
                     );
                 }
-                let lines = diff(&printer, &mut seen, name.as_deref(), leases, first);
+                let mut lines = diff(&printer, &mut seen, name.as_deref(), leases, first);
+                // The `--once-per` records, read after the leases: an end
+                // written with a release is seen in the same round as it.
+                match store.run_records(name.as_deref(), call).await {
+                    Ok(records) => lines.extend(runs.diff(&printer, records, first)),
+                    Err(e) => {
+                        tracing::debug!(event = "store_error", "cannot read the run records ({e})")
+                    }
+                }
                 first = false;
                 if !print(&lines) {
                     return Ok(Exit::Yes);
