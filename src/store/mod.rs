@@ -76,6 +76,8 @@ mod sql;
 pub mod sqlite;
 mod target;
 pub mod wake;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 use std::time::Duration;
 
@@ -98,22 +100,61 @@ macro_rules! built {
 }
 
 /// One line per store: the URL schemes it answers to, the Cargo feature
-/// that builds it, and how to open it (`None` where this build left it out).
-/// `open` checks the URL's syntax and connects to nothing.
+/// that builds it, whether its URL may name a host list, and how to open it
+/// (`None` where this build left it out). `open` checks the URL's syntax
+/// and connects to nothing.
 pub const REGISTRY: &[Entry] = &[
-    (
-        &["postgres", "postgresql"],
-        "postgres",
-        built!("postgres", postgres::open),
-    ),
-    (&["mysql", "mariadb"], "mysql", built!("mysql", mysql::open)),
-    (&["etcd", "etcds"], "etcd", built!("etcd", etcd::open)),
-    (&["redis", "rediss"], "redis", built!("redis", redis::open)),
-    (&["sqlite"], "(always built)", Some(sqlite::open)),
+    Entry {
+        schemes: &["postgres", "postgresql"],
+        feature: "postgres",
+        host_list: true,
+        open: built!("postgres", postgres::open),
+    },
+    Entry {
+        schemes: &["mysql", "mariadb"],
+        feature: "mysql",
+        host_list: false,
+        open: built!("mysql", mysql::open),
+    },
+    Entry {
+        schemes: &["etcd", "etcds"],
+        feature: "etcd",
+        host_list: true,
+        open: built!("etcd", etcd::open),
+    },
+    Entry {
+        schemes: &["redis", "rediss"],
+        feature: "redis",
+        host_list: false,
+        open: built!("redis", redis::open),
+    },
+    Entry {
+        schemes: &["zk", "zookeeper"],
+        feature: "zookeeper",
+        host_list: true,
+        open: built!("zookeeper", zookeeper::open),
+    },
+    Entry {
+        schemes: &["sqlite"],
+        feature: "(always built)",
+        host_list: false,
+        open: Some(sqlite::open),
+    },
 ];
 
-/// A [`REGISTRY`] line: URL schemes, Cargo feature, constructor if built.
-pub type Entry = (&'static [&'static str], &'static str, Option<Open>);
+/// A [`REGISTRY`] line.
+pub struct Entry {
+    /// The URL schemes the store answers to (lowercase).
+    pub schemes: &'static [&'static str],
+    /// The Cargo feature that builds it.
+    pub feature: &'static str,
+    /// Its URL may name several hosts (`zk://a:2181,b:2181`), which URL
+    /// syntax has no room for: the list is folded into parameters first
+    /// ([`target::fold_hosts`]).
+    pub host_list: bool,
+    /// Its constructor, where this build has it.
+    pub open: Option<Open>,
+}
 
 /// A store constructor: the parsed URL in, a store (not yet connected) out,
 /// or a one-line usage error that never contains the password.
@@ -133,6 +174,8 @@ pub enum Store {
     Redis(redis::RedisStore),
     #[cfg(feature = "etcd")]
     Etcd(etcd::EtcdStore),
+    #[cfg(feature = "zookeeper")]
+    ZooKeeper(zookeeper::ZkStore),
     Sqlite(sqlite::SqliteStore),
 }
 
@@ -148,6 +191,8 @@ macro_rules! each {
             Store::Redis($b) => $e,
             #[cfg(feature = "etcd")]
             Store::Etcd($b) => $e,
+            #[cfg(feature = "zookeeper")]
+            Store::ZooKeeper($b) => $e,
             Store::Sqlite($b) => $e,
         }
     };
@@ -558,7 +603,11 @@ pub fn open(
     };
     let url = parse(raw, origin)?;
     // `parse` refused schemes that are not built or not known.
-    let Some((_, _, Some(open))) = REGISTRY.iter().find(|(s, ..)| s.contains(&url.scheme())) else {
+    let Some(open) = REGISTRY
+        .iter()
+        .find(|e| e.schemes.contains(&url.scheme()))
+        .and_then(|e| e.open)
+    else {
         return Err(ResolveError::UnknownScheme {
             origin,
             scheme: url.scheme().to_string(),
@@ -603,6 +652,8 @@ mod tests {
             ("redis://h:6379/0", true),
             #[cfg(feature = "etcd")]
             ("etcd://h:2379", true),
+            #[cfg(feature = "zookeeper")]
+            ("zk://h:2181,i/apps", true),
             ("sqlite:///tmp/x.db", true),
             #[cfg(feature = "mysql")]
             ("mysql://u@h/db", false),

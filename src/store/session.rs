@@ -46,7 +46,7 @@ impl<C: Connect> Session<C> {
     }
 
     /// Drop the connection; the next call makes a new one.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "zookeeper"))]
     pub fn reset(&mut self) {
         self.conn = None;
     }

@@ -115,8 +115,8 @@ pub fn choose(given: Option<String>, origin: Origin) -> Option<(String, Origin)>
 pub(crate) fn known_schemes() -> String {
     let all: Vec<String> = REGISTRY
         .iter()
-        .filter(|(_, _, open)| open.is_some())
-        .flat_map(|(schemes, ..)| schemes.iter())
+        .filter(|e| e.open.is_some())
+        .flat_map(|e| e.schemes.iter())
         .map(|s| format!("{s}://"))
         .collect();
     all.join(", ")
@@ -135,30 +135,24 @@ pub(crate) fn parse(raw: &str, origin: Origin) -> Result<url::Url, ResolveError>
     let Some(scheme) = redact::plain_scheme(raw) else {
         return Err(ResolveError::NotAUrl(origin));
     };
-    match REGISTRY
-        .iter()
-        .find(|(schemes, ..)| schemes.contains(&scheme))
-    {
-        Some((_, _, Some(_))) => {}
-        Some((_, feature, None)) => {
-            return Err(ResolveError::NotBuilt {
-                origin,
-                scheme: scheme.to_string(),
-                feature,
-            })
-        }
-        None => {
-            return Err(ResolveError::UnknownScheme {
-                origin,
-                scheme: scheme.to_string(),
-            })
-        }
+    let Some(entry) = REGISTRY.iter().find(|e| e.schemes.contains(&scheme)) else {
+        return Err(ResolveError::UnknownScheme {
+            origin,
+            scheme: scheme.to_string(),
+        });
+    };
+    if entry.open.is_none() {
+        return Err(ResolveError::NotBuilt {
+            origin,
+            scheme: scheme.to_string(),
+            feature: entry.feature,
+        });
     }
-    // etcd clusters and libpq's multi-host URLs are named by a host list
-    // (`etcd://a:2379,b:2379`), which URL syntax has no room for; it is
-    // rewritten into one first.
+    // Clusters are named by a host list (`etcd://a:2379,b:2379`, libpq's
+    // multi-host URLs), which URL syntax has no room for; it is rewritten
+    // into one first.
     let folded;
-    let raw = if matches!(scheme, "etcd" | "etcds" | "postgres" | "postgresql") {
+    let raw = if entry.host_list {
         folded = fold_hosts(raw);
         folded.as_str()
     } else {
@@ -231,6 +225,26 @@ pub(crate) fn fold_hosts(raw: &str) -> String {
     let path = if path.is_empty() { "/" } else { path };
     format!("{scheme}://{userinfo}{first}{path}?{query}{fragment}")
 }
+/// One `host[:port]` of a host list (`[v6]:port` for IPv6), `default` when
+/// it names no port.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) fn host_port(h: &str, default: u16) -> Result<(String, u16), UrlError> {
+    let (host, port) = match h.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') || host.ends_with(']') => {
+            let port = port
+                .parse::<u16>()
+                .map_err(|_| "has an endpoint with an invalid port number".to_string())?;
+            (host, port)
+        }
+        _ => (h, default),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err("has an endpoint without a host".into());
+    }
+    Ok((host.to_string(), port))
+}
+
 /// Refuse query parameters the driver would not understand, naming the
 /// parameter only when it looks like one: sqlx logs unknown parameters with
 /// their value, which may be a secret.
@@ -238,7 +252,8 @@ pub(crate) fn fold_hosts(raw: &str) -> String {
     feature = "postgres",
     feature = "mysql",
     feature = "redis",
-    feature = "etcd"
+    feature = "etcd",
+    feature = "zookeeper"
 ))]
 pub(crate) fn check_params(url: &url::Url, known: &[&str]) -> Result<(), UrlError> {
     for (k, _) in url.query_pairs() {
@@ -383,9 +398,9 @@ mod tests {
     /// store this build left out, before anything else is looked at.
     #[test]
     fn every_store_left_out_is_refused_by_its_feature() {
-        let left_out = REGISTRY.iter().filter(|(_, _, open)| open.is_none());
-        for (schemes, feature, _) in left_out {
-            for scheme in *schemes {
+        for entry in REGISTRY.iter().filter(|e| e.open.is_none()) {
+            let feature = entry.feature;
+            for scheme in entry.schemes {
                 let raw = format!("{scheme}://u:Hunter2x@h:1,h:2/db?x=1");
                 let e = match open(Some((&raw, Origin::Flag)), "t", Duration::from_secs(1)) {
                     Ok(_) => panic!("{scheme}:// opened"),

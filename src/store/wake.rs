@@ -25,6 +25,8 @@ use super::etcd;
 use super::postgres;
 #[cfg(feature = "redis")]
 use super::redis;
+#[cfg(feature = "zookeeper")]
+use super::zookeeper;
 use super::{sqlite, StoreError};
 
 /// A subscription to "lease NAME was freed", for the one lease it was made
@@ -52,6 +54,8 @@ pub enum Subscription {
     Redis(redis::wake::RedisWakeups),
     #[cfg(feature = "etcd")]
     Etcd(etcd::wake::EtcdWakeups),
+    #[cfg(feature = "zookeeper")]
+    ZooKeeper(zookeeper::wake::ZkWakeups),
     Sqlite(sqlite::wake::FileWakeups),
 }
 
@@ -64,6 +68,8 @@ impl Wakeups for Subscription {
             Subscription::Redis(w) => w.arm().await,
             #[cfg(feature = "etcd")]
             Subscription::Etcd(w) => w.arm().await,
+            #[cfg(feature = "zookeeper")]
+            Subscription::ZooKeeper(w) => w.arm().await,
             Subscription::Sqlite(w) => w.arm().await,
         }
     }
@@ -76,6 +82,8 @@ impl Wakeups for Subscription {
             Subscription::Redis(w) => w.wake().await,
             #[cfg(feature = "etcd")]
             Subscription::Etcd(w) => w.wake().await,
+            #[cfg(feature = "zookeeper")]
+            Subscription::ZooKeeper(w) => w.wake().await,
             Subscription::Sqlite(w) => w.wake().await,
         }
     }

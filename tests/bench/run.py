@@ -21,7 +21,10 @@ over the stated number of runs, measured side by side in the same run:
    together right after a renewal, so nothing releases): the new command's
    start after the last renewal's reply + L, with L = 3 s and `--retry 10s`
    (so a poll cannot be what finds it);
-5. PSS (/proc/PID/smaps_rollup) of a leading leaderrun and of its watchdog:
+5. `watch` latency: a holder's release (the time its own `released` log
+   line carries) to the `released` line of a `watch --name N --json
+   --retry 10s` (so a read every 10 s cannot be what prints it: the push);
+6. PSS (/proc/PID/smaps_rollup) of a leading leaderrun and of its watchdog:
    idle (after a few renewals) and the peak of samples every 20 ms from the
    start (the kernel keeps no peak PSS; its peak RSS, VmHWM, is shown too).
 
@@ -254,6 +257,27 @@ def expired(srv, d, i):
     return took
 
 
+def watched(srv, d, i):
+    """A release → the `released` line of a watcher reading every 10 s."""
+    name = f"w{i}"
+    alog = open(f"{d}/a.log", "w")
+    a = lr(srv.url, name, ["-v"], f"touch {d}/a.run; while [ ! -e {d}/a.stop ]; do sleep 0.005; done", alog)
+    wait(lambda: os.path.exists(f"{d}/a.run"), what="the holder")
+    w = subprocess.Popen([LR, "--store", srv.url, "watch", "--name", name, "--json", "--retry", "10s"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                         start_new_session=True, text=True)
+    first = json.loads(w.stdout.readline())
+    assert first["event"] == "state" and first["live"], first
+    open(f"{d}/a.stop", "w").close()
+    line = json.loads(w.stdout.readline())
+    seen = time.time()
+    assert line["event"] == "released", line
+    a.wait(20)
+    released = [l for l in open(f"{d}/a.log") if " released" in l]
+    stop(w)
+    return seen - log_time(released[-1])
+
+
 def pss(pid):
     try:
         for l in open(f"/proc/{pid}/smaps_rollup"):
@@ -362,7 +386,8 @@ def main():
         for srv in servers:
             kind = srv.kind
             figs = {}
-            for what, f in (("handover", handover), ("killed", killed), ("expired", expired)):
+            for what, f in (("handover", handover), ("killed", killed), ("expired", expired),
+                            ("watched", watched)):
                 print(f"{kind}: {what}", file=sys.stderr)
                 figs[what] = [f(srv, fresh(f"{tmp}/{what}-{kind}-{i}"), i) for i in range(o.runs)]
             rows.append((kind, figs))
@@ -377,11 +402,13 @@ def main():
             f"({os.uname().release}), load {' '.join(load)} at the start; "
             f"{', '.join(versions)}; {time.strftime('%Y-%m-%d')}.")
     main_table = ["| store | graceful handover, median / worst | kill -9 of the holder, median / worst "
-                  "| expired holder: start after last renewal + L, median / worst |",
-                  "|---|---|---|---|"]
+                  "| expired holder: start after last renewal + L, median / worst "
+                  "| `watch`: release to its line, median / worst |",
+                  "|---|---|---|---|---|"]
     for kind, f in rows:
-        h, k, e = ms(f["handover"]), ms(f["killed"]), ms(f["expired"])
-        main_table.append(f"| {kind} | {h[0]} / {h[1]} ms | {k[0]} / {k[1]} ms | {e[0]} / {e[1]} ms |")
+        h, k, e, w = ms(f["handover"]), ms(f["killed"]), ms(f["expired"]), ms(f["watched"])
+        main_table.append(f"| {kind} | {h[0]} / {h[1]} ms | {k[0]} / {k[1]} ms | {e[0]} / {e[1]} ms "
+                          f"| {w[0]} / {w[1]} ms |")
     start_table = ["| command | median | worst |", "|---|---|---|"]
     for k, xs in starts.items():
         m = ms(xs)
@@ -406,7 +433,9 @@ third uses `--lease 3s` and a waiter at `--retry 10s`, so only the scheduling
 at expiry (or a watch that fires on expiry) can explain a takeover within
 milliseconds of it. Graceful handover is the old command's exit to the new
 command's start; kill -9 is from the signal to the new command's start (the
-watchdog stops the old command and releases).
+watchdog stops the old command and releases). The last column is from the
+holder's release (its `released` log line's time) to a `watch --name N --json
+--retry 10s` printing it: the store's push, not a read.
 
 {chr(10).join(main_table)}
 

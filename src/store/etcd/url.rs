@@ -1,26 +1,13 @@
 //! The URL: `etcd://[user:password@]host[:port][,host[:port]…][?cacert=PATH]`.
 
-use crate::store::target::{check_params, ENDPOINT_PARAM};
+use crate::store::target::{check_params, host_port, ENDPOINT_PARAM};
 use crate::store::UrlError;
 
 pub(super) const DEFAULT_PORT: u16 = 2379;
 
 /// One `host[:port]` (`[v6]:port` for IPv6), default port 2379.
 pub(super) fn endpoint(h: &str) -> Result<(String, u16), UrlError> {
-    let (host, port) = match h.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') || host.ends_with(']') => {
-            let port = port
-                .parse::<u16>()
-                .map_err(|_| "has an endpoint with an invalid port number".to_string())?;
-            (host, port)
-        }
-        _ => (h, DEFAULT_PORT),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
-        return Err("has an endpoint without a host".into());
-    }
-    Ok((host.to_string(), port))
+    host_port(h, DEFAULT_PORT)
 }
 
 /// `etcd://[user:password@]host[:port][,host[:port]…][/][?cacert=PATH]`

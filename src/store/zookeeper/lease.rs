@@ -1,0 +1,508 @@
+//! The store's operations on one connection: take, renew, give back, read
+//! and clear a lease, each a handful of requests and one `multi`.
+//!
+//! For lease `NAME`, under `CHROOT/leaderrun/NAME`:
+//!
+//! * `epoch`: a persistent node whose data is the last epoch handed out, in
+//!   decimal. Its version is what every write compares.
+//! * `lease`: the grant, `EPOCH\nlease\nMS\nHOLDER`. Ephemeral, owned by
+//!   the holder's session: ZooKeeper deletes it when the session expires.
+//!   A `--min-hold` release replaces it with a persistent
+//!   `EPOCH\nhold\nMS\nHOLDER`, which ends `MS` after its creation by the
+//!   ZooKeeper leader's clock.
+//!
+//! An acquisition is one `multi`: the counter set to epoch + 1 *at the
+//! version read* (or created, at 1), an expired hold deleted at its
+//! version, and the lease node created. Two racers that read the same
+//! counter cannot both pass, and the node's existence keeps everyone else
+//! out, so exactly one wins and the epoch rises by exactly one.
+
+use std::time::Duration;
+
+use super::conn::{Conn, Res, ZkError};
+use super::proto::{
+    code, multi_error, op, read_multi, Acl, Op, OpResult, Reader, Stat, EPHEMERAL, PERSISTENT,
+};
+use crate::store::sql::millis;
+use crate::store::LeaseInfo;
+
+/// How often an acquisition re-reads after losing a race on the counter,
+/// before it reports the lease as held (someone else is changing it).
+const ROUNDS: usize = 5;
+
+/// Where one lease's nodes are.
+pub(super) struct Paths {
+    pub dir: String,
+    pub counter: String,
+    pub lease: String,
+}
+
+impl Paths {
+    pub fn new(root: &str, name: &str) -> Paths {
+        // Lease names are letters, digits, '.', '_' and '-', never starting
+        // with '.' (src/names.rs): valid node names as they are.
+        let dir = format!("{root}/{name}");
+        Paths {
+            counter: format!("{dir}/epoch"),
+            lease: format!("{dir}/lease"),
+            dir,
+        }
+    }
+}
+
+/// What the lease node says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Grant {
+    pub epoch: i64,
+    /// A `--min-hold` hold (persistent), not a live lease (ephemeral).
+    pub hold: bool,
+    pub ms: i64,
+    pub holder: String,
+}
+
+impl Grant {
+    pub fn encode(&self) -> Vec<u8> {
+        let kind = if self.hold { "hold" } else { "lease" };
+        format!("{}\n{kind}\n{}\n{}", self.epoch, self.ms, self.holder).into_bytes()
+    }
+
+    pub fn decode(data: &[u8]) -> Option<Grant> {
+        let text = std::str::from_utf8(data).ok()?;
+        let mut parts = text.splitn(4, '\n');
+        let epoch = parts.next()?.parse().ok()?;
+        let hold = match parts.next()? {
+            "lease" => false,
+            "hold" => true,
+            _ => return None,
+        };
+        let ms = parts.next()?.parse().ok()?;
+        let holder = parts.next()?.to_string();
+        Some(Grant {
+            epoch,
+            hold,
+            ms,
+            holder,
+        })
+    }
+}
+
+/// The counter: the last epoch handed out and the node's version; `None`
+/// when no epoch was ever handed out.
+type Counter = Option<(i64, i32)>;
+
+fn counter_of(node: Option<(Vec<u8>, Stat)>) -> Res<Counter> {
+    match node {
+        None => Ok(None),
+        Some((data, stat)) => std::str::from_utf8(&data)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map(|e| Some((e, stat.version)))
+            .ok_or(ZkError::Refused(
+                "its epoch node does not hold a number: it was written by something else".into(),
+            )),
+    }
+}
+
+/// The requests leaderrun makes, each one round trip.
+impl Conn {
+    /// A node's data and metadata; `None` when it does not exist.
+    pub async fn get(&mut self, path: &str) -> Res<Option<(Vec<u8>, Stat)>> {
+        match self.request(op::GET_DATA, |w| {
+            w.string(path).bool(false);
+        })
+        .await
+        {
+            Ok(body) => {
+                let mut r = Reader::new(&body);
+                let data = r.buffer()?.to_vec();
+                Ok(Some((data, r.stat()?)))
+            }
+            Err(ZkError::Server(code::NO_NODE)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether `path` exists, leaving a watch on it when `watch`.
+    pub async fn exists(&mut self, path: &str, watch: bool) -> Res<bool> {
+        match self.request(op::EXISTS, |w| {
+            w.string(path).bool(watch);
+        })
+        .await
+        {
+            Ok(_) => Ok(true),
+            Err(ZkError::Server(code::NO_NODE)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Create `path` when missing (its parent must exist).
+    pub async fn ensure(&mut self, path: &str, acl: Acl) -> Res<()> {
+        let create = Op::Create {
+            path,
+            data: &[],
+            acl,
+            flags: PERSISTENT,
+        };
+        match self.request(op::CREATE, |w| create.write(w)).await {
+            Ok(_) | Err(ZkError::Server(code::NODE_EXISTS)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A `multi`: `Ok(Ok(results))` when it was applied, `Ok(Err(code))`
+    /// when it was not, with the code of the operation that failed.
+    pub async fn multi(&mut self, ops: &[Op<'_>]) -> Res<Result<Vec<OpResult>, i32>> {
+        let body = self
+            .request(op::MULTI, |w| super::proto::write_multi(w, ops))
+            .await?;
+        let results = read_multi(&mut Reader::new(&body))?;
+        Ok(match multi_error(&results) {
+            None => Ok(results),
+            Some(c) if c == code::SESSION_EXPIRED => return Err(ZkError::Expired),
+            Some(c) => Err(c),
+        })
+    }
+
+    /// Make the server this connection talks to catch up with the leader,
+    /// so the reads after it are not older than any write acknowledged
+    /// before it.
+    pub async fn sync(&mut self, path: &str) -> Res<()> {
+        self.request(op::SYNC, |w| {
+            w.string(path);
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// The names of `path`'s children; empty when `path` does not exist.
+    pub async fn children(&mut self, path: &str) -> Res<Vec<String>> {
+        match self
+            .request(op::GET_CHILDREN, |w| {
+                w.string(path).bool(false);
+            })
+            .await
+        {
+            Ok(body) => Ok(Reader::new(&body).strings()?),
+            Err(ZkError::Server(code::NO_NODE)) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The ZooKeeper leader's wall clock now (milliseconds since 1970):
+    /// the `mtime` a write of `dir`'s (empty) data is stamped with. The
+    /// only clock a hold's end is compared with, so no host's clock is.
+    async fn leader_now(&mut self, dir: &str) -> Res<i64> {
+        let body = self
+            .request(op::SET_DATA, |w| {
+                w.string(dir).buffer(&[]).int(-1);
+            })
+            .await?;
+        Ok(Reader::new(&body).stat()?.mtime)
+    }
+
+    async fn read(&mut self, p: &Paths) -> Res<(Counter, Option<(Grant, Stat)>)> {
+        let counter = counter_of(self.get(&p.counter).await?)?;
+        let lease = match self.get(&p.lease).await? {
+            None => None,
+            Some((data, stat)) => Some((
+                Grant::decode(&data).ok_or(ZkError::Refused(
+                    "its lease node was written by something else".into(),
+                ))?,
+                stat,
+            )),
+        };
+        Ok((counter, lease))
+    }
+
+    /// Take the lease for `holder`, with the ephemeral node on this
+    /// connection's session. `Some(epoch)` when taken; `None` when it is
+    /// held (or others keep changing it).
+    pub async fn take(
+        &mut self,
+        root: &str,
+        p: &Paths,
+        holder: &str,
+        lease: Duration,
+        acl: Acl,
+    ) -> Res<Option<i64>> {
+        for _ in 0..ROUNDS {
+            let (counter, current) = self.read(p).await?;
+            let last = counter.map_or(0, |(e, _)| e);
+            let mut expired_hold = None;
+            if let Some((g, stat)) = &current {
+                if stat.ephemeral_owner == self.creds.id && g.holder == holder && g.epoch == last {
+                    // Ours already: an earlier attempt whose reply was lost
+                    // took it on this very session.
+                    return Ok(Some(g.epoch));
+                }
+                if !g.hold {
+                    return Ok(None);
+                }
+                if self.leader_now(&p.dir).await? < stat.ctime.saturating_add(g.ms) {
+                    return Ok(None);
+                }
+                expired_hold = Some(stat.version);
+            }
+            if counter.is_none() {
+                self.ensure(root, acl).await?;
+                self.ensure(&p.dir, acl).await?;
+            }
+            let epoch = last + 1;
+            let (next, value) = (
+                epoch.to_string(),
+                Grant {
+                    epoch,
+                    hold: false,
+                    ms: millis(lease),
+                    holder: holder.to_string(),
+                }
+                .encode(),
+            );
+            let mut ops = vec![match counter {
+                Some((_, version)) => Op::SetData {
+                    path: &p.counter,
+                    data: next.as_bytes(),
+                    version,
+                },
+                None => Op::Create {
+                    path: &p.counter,
+                    data: next.as_bytes(),
+                    acl,
+                    flags: PERSISTENT,
+                },
+            }];
+            if let Some(version) = expired_hold {
+                ops.push(Op::Delete {
+                    path: &p.lease,
+                    version,
+                });
+            }
+            ops.push(Op::Create {
+                path: &p.lease,
+                data: &value,
+                acl,
+                flags: EPHEMERAL,
+            });
+            match self.multi(&ops).await? {
+                Ok(_) => return Ok(Some(epoch)),
+                // Someone else moved the counter or the lease node between
+                // the reads and the multi: read again.
+                Err(code::BAD_VERSION | code::NODE_EXISTS | code::NO_NODE) => continue,
+                Err(c) => return Err(ZkError::Server(c)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether the lease is still `holder`'s at `epoch` on this session:
+    /// one `multi` of checks, which ZooKeeper's leader runs through its
+    /// quorum like any write, after checking the session is alive. The
+    /// caller made a fresh handshake first (mod.rs says why).
+    pub async fn still_ours(&mut self, p: &Paths, holder: &str, epoch: i64) -> Res<bool> {
+        let (counter, current) = self.read(p).await?;
+        let Some((e, version)) = counter else {
+            return Ok(false);
+        };
+        let mine = matches!(&current, Some((g, stat))
+            if !g.hold && g.epoch == epoch && g.holder == holder
+                && stat.ephemeral_owner == self.creds.id);
+        if e != epoch || !mine {
+            return Ok(false);
+        }
+        let lease_version = current.map_or(-1, |(_, s)| s.version);
+        let checks = [
+            Op::Check {
+                path: &p.counter,
+                version,
+            },
+            Op::Check {
+                path: &p.lease,
+                version: lease_version,
+            },
+        ];
+        match self.multi(&checks).await {
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(code::BAD_VERSION | code::NO_NODE)) | Err(ZkError::Expired) => Ok(false),
+            Ok(Err(c)) => Err(ZkError::Server(c)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Give the lease back if it is still `holder`'s at `epoch`, from any
+    /// session (the watchdog's has its own). With `keep`, a persistent hold
+    /// replaces it, and the counter is rewritten (same value, new version)
+    /// so that a renewal still in flight fails its check.
+    pub async fn give_back(
+        &mut self,
+        p: &Paths,
+        holder: &str,
+        epoch: i64,
+        keep: Duration,
+        acl: Acl,
+    ) -> Res<bool> {
+        let (counter, current) = self.read(p).await?;
+        let (Some((e, version)), Some((g, stat))) = (counter, current) else {
+            return Ok(false);
+        };
+        if e != epoch || g.epoch != epoch || g.holder != holder || g.hold {
+            return Ok(false);
+        }
+        let next = e.to_string();
+        let hold = Grant {
+            epoch,
+            hold: true,
+            ms: millis(keep),
+            holder: holder.to_string(),
+        }
+        .encode();
+        let mut ops = vec![
+            Op::Check {
+                path: &p.counter,
+                version,
+            },
+            Op::Delete {
+                path: &p.lease,
+                version: stat.version,
+            },
+        ];
+        if !keep.is_zero() {
+            ops[0] = Op::SetData {
+                path: &p.counter,
+                data: next.as_bytes(),
+                version,
+            };
+            ops.push(Op::Create {
+                path: &p.lease,
+                data: &hold,
+                acl,
+                flags: PERSISTENT,
+            });
+        }
+        match self.multi(&ops).await? {
+            Ok(_) => Ok(true),
+            Err(code::BAD_VERSION | code::NO_NODE) => Ok(false),
+            Err(c) => Err(ZkError::Server(c)),
+        }
+    }
+
+    /// The lease as the ensemble has it, after a `sync`, so it is not older
+    /// than anything acknowledged before this call.
+    pub async fn info(&mut self, name: &str, p: &Paths) -> Res<Option<LeaseInfo>> {
+        self.sync(&p.dir).await?;
+        let (counter, current) = self.read(p).await?;
+        let Some((epoch, _)) = counter else {
+            return Ok(None);
+        };
+        let (holder, expires_in_ms) = match current {
+            None => (None, None),
+            Some((g, stat)) if g.hold => {
+                let now = self.leader_now(&p.dir).await?;
+                let left = stat.ctime.saturating_add(g.ms).saturating_sub(now);
+                (Some(g.holder).filter(|_| left > 0), Some(left))
+            }
+            // At most this much: the session times out that long after
+            // the ensemble last heard from its holder.
+            Some((g, _)) => (Some(g.holder), Some(g.ms)),
+        };
+        Ok(Some(LeaseInfo {
+            name: name.to_string(),
+            holder,
+            epoch,
+            expires_in_ms,
+        }))
+    }
+
+    /// Every lease under `root`, by name.
+    pub async fn every(&mut self, root: &str) -> Res<Vec<LeaseInfo>> {
+        self.sync(root).await?;
+        let mut names = self.children(root).await?;
+        names.sort();
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            if let Some(info) = self.info(&name, &Paths::new(root, &name)).await? {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Delete the lease node (only at `epoch`, when given); the lease as it
+    /// was, or `None` when there was nothing to clear.
+    pub async fn clear(
+        &mut self,
+        name: &str,
+        p: &Paths,
+        epoch: Option<i64>,
+    ) -> Res<Option<LeaseInfo>> {
+        for _ in 0..ROUNDS {
+            let Some(before) = self.info(name, p).await? else {
+                return Ok(None);
+            };
+            let (counter, current) = self.read(p).await?;
+            let (Some((e, version)), Some((_, stat))) = (counter, current) else {
+                return Ok(None);
+            };
+            if epoch.is_some_and(|want| want != e) || e != before.epoch {
+                return Ok(None);
+            }
+            let ops = [
+                Op::Check {
+                    path: &p.counter,
+                    version,
+                },
+                Op::Delete {
+                    path: &p.lease,
+                    version: stat.version,
+                },
+            ];
+            match self.multi(&ops).await? {
+                Ok(_) => return Ok(Some(before)),
+                Err(code::BAD_VERSION | code::NO_NODE) => continue,
+                Err(c) => return Err(ZkError::Server(c)),
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grant_round_trips_and_rejects_what_is_not_one() {
+        let g = Grant {
+            epoch: 42,
+            hold: true,
+            ms: 1500,
+            holder: "host a:1\nodd".into(),
+        };
+        assert_eq!(Grant::decode(&g.encode()), Some(g));
+        assert_eq!(Grant::decode(b"7\nlease\n10\nh").map(|g| g.hold), Some(false));
+        for bad in [&b""[..], b"x\nlease\n1\nh", b"1\nother\n1\nh", b"1\nlease\n1", b"\xff"] {
+            assert_eq!(Grant::decode(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn counter_reads_a_number_or_refuses() {
+        let stat = Stat {
+            version: 3,
+            ..Stat::default()
+        };
+        assert_eq!(counter_of(None).ok(), Some(None));
+        assert_eq!(
+            counter_of(Some((b"12".to_vec(), stat))).ok(),
+            Some(Some((12, 3)))
+        );
+        assert!(counter_of(Some((b"twelve".to_vec(), stat))).is_err());
+    }
+
+    #[test]
+    fn paths_sit_under_the_root() {
+        let p = Paths::new("/apps/leaderrun", "job.1");
+        assert_eq!(p.dir, "/apps/leaderrun/job.1");
+        assert_eq!(p.counter, "/apps/leaderrun/job.1/epoch");
+        assert_eq!(p.lease, "/apps/leaderrun/job.1/lease");
+    }
+}

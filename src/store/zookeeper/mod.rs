@@ -1,0 +1,277 @@
+//! The ZooKeeper store: an ephemeral node owned by the holder's session,
+//! and a counter beside it.
+//!
+//! The lease *is* a ZooKeeper session: `--lease L` asks for a session
+//! timeout of `L`, and the lease node (lease.rs) is ephemeral, so the
+//! ensemble deletes it when the session expires, by the ZooKeeper
+//! leader's clock, never ours. The server clamps the timeout to its
+//! `minSessionTimeout`..`maxSessionTimeout` (by default 2 to 20 × its
+//! `tickTime`); a session granted any other timeout than `L` is refused,
+//! naming the one it would grant, because the holder's give-up is timed
+//! against `L`.
+//!
+//! **Why every call of the lease loop starts with a handshake.** A session
+//! lives as long as the ZooKeeper *leader* keeps hearing of it. A server
+//! that is a follower does not tell the leader of a request when it
+//! forwards it: it hands on the sessions it heard from when it answers
+//! the leader's next ping (every `tickTime / 2`). So a renewal answered
+//! through a follower that is cut off just after may never reach the
+//! leader's session table, and the leader would expire the session `L`
+//! after an *earlier* renewal, before `sent + L`. A handshake that resumes
+//! a session is different: a follower revalidates it with the leader
+//! before it answers, and the leader restarts the session's timeout when
+//! it does; the leader itself does the same on its own. So `acquire` and
+//! `renew` each connect anew, resuming the session, and only then write:
+//! the timeout restarts no earlier than the call was sent, whichever
+//! server answers. A new leader restarts every session's full timeout
+//! when it takes over, which only lengthens the lease (hence
+//! `failover_extends_lease`).
+//!
+//! Renewal is a `multi` of two checks (the counter at the version of our
+//! grant, the lease node at its version), which the leader runs through
+//! its quorum after checking that the session is alive: a `true` means a
+//! quorum agreed, after the revalidation, that the lease is ours.
+//!
+//! A server behind what this client has already seen refuses to resume
+//! its session (conn.rs), so moving between servers never shows older
+//! state; `status` and `list` also `sync` first.
+//!
+//! `--min-hold` leaves a persistent node that ends `keep` after its
+//! creation by the ZooKeeper leader's clock, compared with that same
+//! clock (lease.rs, `leader_now`): across a failover of the ensemble
+//! it is a different machine's clock.
+//!
+//! With `zk://user:password@…`, every node is created with the creator's
+//! ACL (digest authentication), so only the same credentials may touch a
+//! lease; a wrong password shows as `NoAuth` and will not heal.
+
+use std::time::Duration;
+
+use super::session::{Connect, Session};
+use super::wake::Subscription;
+use super::{
+    Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Store, StoreError, Target,
+    UrlError,
+};
+
+mod conn;
+mod ensemble;
+mod lease;
+mod proto;
+mod url;
+pub(crate) mod wake;
+
+use self::conn::{Conn, Res};
+use self::ensemble::Ensemble;
+use self::lease::Paths;
+use self::proto::Acl;
+
+pub struct ZkStore {
+    s: Session<Ensemble>,
+    /// `CHROOT/leaderrun`: where the leases are.
+    root: String,
+}
+
+impl ZkStore {
+    fn new(url: &::url::Url) -> Result<ZkStore, UrlError> {
+        let p = url::from_url(url)?;
+        Ok(ZkStore {
+            root: format!("{}/leaderrun", p.chroot),
+            s: Session::new(Ensemble::new(p.hosts, p.user, p.shown)),
+        })
+    }
+
+    /// Nodes are the credentials' own when the URL names a user.
+    fn acl(&self) -> Acl {
+        if self.s.c.user.is_some() {
+            Acl::Creator
+        } else {
+            Acl::Open
+        }
+    }
+
+    async fn call<T>(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        f: impl AsyncFnOnce(&mut Conn) -> Res<T>,
+    ) -> Result<T, StoreError> {
+        self.s
+            .call(timeout, what, async move |c, _deadline| f(c).await)
+            .await
+    }
+
+    /// For the lease loop: a session whose timeout is the lease, made or
+    /// resumed by a fresh handshake (the module's doc says why).
+    fn for_lease(&mut self, lease: Duration) {
+        let ms = i32::try_from(lease.as_millis()).unwrap_or(i32::MAX);
+        self.s.c.ask(ms, true);
+        self.s.reset();
+    }
+}
+
+impl Backend for ZkStore {
+    async fn acquire(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        self.for_lease(lease);
+        let (root, p, acl) = (self.root.clone(), Paths::new(&self.root, &key.name), self.acl());
+        let holder = key.holder.as_str();
+        self.call(timeout, "cannot acquire in", async |c| {
+            c.take(&root, &p, holder, lease, acl).await
+        })
+        .await
+    }
+
+    async fn renew(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let had = self.s.c.creds.as_ref().map(|c| c.id);
+        self.for_lease(lease);
+        let p = Paths::new(&self.root, &key.name);
+        let holder = key.holder.as_str();
+        let ours = self
+            .call(timeout, "cannot renew in", async |c| {
+                // A session that expired was replaced by a fresh one in the
+                // handshake: the lease node went with the old one.
+                if had != Some(c.creds.id) {
+                    return Ok(false);
+                }
+                c.still_ours(&p, holder, epoch).await
+            })
+            .await?;
+        Ok(ours)
+    }
+
+    async fn release(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let (p, acl) = (Paths::new(&self.root, &key.name), self.acl());
+        let holder = key.holder.as_str();
+        self.call(timeout, "cannot release in", async |c| {
+            c.give_back(&p, holder, epoch, keep, acl).await
+        })
+        .await
+    }
+
+    async fn inspect(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        let p = Paths::new(&self.root, name);
+        self.call(timeout, "cannot read", async |c| c.info(name, &p).await)
+            .await
+    }
+
+    fn describe(&self) -> String {
+        self.s.c.shown()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn wakeups(&self, name: &str) -> Option<Subscription> {
+        let path = Paths::new(&self.root, name).lease;
+        Some(Subscription::ZooKeeper(wake::ZkWakeups::new(
+            self.s.c.detached(),
+            path,
+        )))
+    }
+
+    /// The root node, with the credentials' ACL when the URL names a user:
+    /// run once with the right credentials, it keeps every other identity
+    /// out of the leases.
+    async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
+        let (root, acl) = (self.root.clone(), self.acl());
+        self.call(timeout, "cannot use", async |c| {
+            if let Some(parent) = root.strip_suffix("/leaderrun").filter(|p| !p.is_empty()) {
+                let mut at = String::new();
+                for part in parent.split('/').skip(1) {
+                    at = format!("{at}/{part}");
+                    c.ensure(&at, Acl::Open).await?;
+                }
+            }
+            c.ensure(&root, acl).await?;
+            Ok(Init::NothingToDo)
+        })
+        .await
+    }
+
+    /// ZAB: a write is acknowledged once a quorum of the voting servers
+    /// logged it, so no failover of the ensemble loses it.
+    async fn replication(&mut self, timeout: Duration) -> Result<Replication, StoreError> {
+        let config = self
+            .call(timeout, "cannot read", async |c| {
+                Ok(c.get("/zookeeper/config").await?.map(|(d, _)| d))
+            })
+            .await?;
+        let voters = config
+            .as_deref()
+            .map(String::from_utf8_lossy)
+            .map_or(0, |text| {
+                text.lines()
+                    .filter(|l| l.starts_with("server.") && !l.contains(":observer"))
+                    .count()
+            });
+        let detail = match voters {
+            0 | 1 => "ZAB, a single server (a write is acknowledged once it is on its disk)".into(),
+            n => format!(
+                "ZAB, {n} voting servers (a write is acknowledged once {} have it)",
+                n / 2 + 1
+            ),
+        };
+        Ok(Replication {
+            can_lose_acknowledged: Some(false),
+            detail,
+        })
+    }
+
+    async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
+        let root = self.root.clone();
+        self.call(timeout, "cannot read", async |c| c.every(&root).await)
+            .await
+    }
+
+    async fn clear(
+        &mut self,
+        name: &str,
+        epoch: Option<i64>,
+        timeout: Duration,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        let p = Paths::new(&self.root, name);
+        self.call(timeout, "cannot release in", async |c| {
+            c.clear(name, &p, epoch).await
+        })
+        .await
+    }
+}
+
+/// The registry's constructor for `zk://` and `zookeeper://`. Nothing is
+/// connected until the first call.
+pub fn open(t: &Target<'_>) -> Result<Store, UrlError> {
+    Ok(Store::ZooKeeper(ZkStore::new(t.url)?))
+}
+
+/// Session timeouts are milliseconds, an `int` on the wire. The server's
+/// own bounds are learnt at the first handshake (ensemble.rs refuses a
+/// timeout it would not grant).
+pub const CAPABILITIES: Capabilities = Capabilities {
+    granularity: Duration::from_millis(1),
+    min_lease: Duration::from_millis(1),
+    max_lease: Duration::from_millis(i32::MAX as u64),
+    pushes_wakeups: true,
+    failover_extends_lease: true,
+};
