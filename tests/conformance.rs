@@ -583,6 +583,7 @@ conformance!(
     mysql,
     redis,
     etcd,
+    zookeeper,
     pgbouncer_transaction,
     pgbouncer_session
 );

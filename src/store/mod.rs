@@ -364,6 +364,8 @@ impl Store {
             Store::Redis(_) => "Redis",
             #[cfg(feature = "etcd")]
             Store::Etcd(_) => "etcd",
+            #[cfg(feature = "zookeeper")]
+            Store::ZooKeeper(_) => "ZooKeeper",
             Store::Sqlite(_) => "embedded",
         }
     }

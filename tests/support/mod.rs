@@ -13,6 +13,7 @@ pub mod proxy;
 pub mod pty;
 pub mod redis;
 pub mod stores;
+pub mod zookeeper;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

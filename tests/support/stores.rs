@@ -6,7 +6,7 @@
 use std::any::Any;
 
 use super::pgbouncer::{Bouncer, Mode};
-use super::{etcd::Etcd, free_port, mysql::My, redis::Redis, Pg, TempDir};
+use super::{etcd::Etcd, free_port, mysql::My, redis::Redis, zookeeper::Zk, Pg, TempDir};
 
 pub struct Server {
     /// The store URL, as a user would pass it to `--store`.
@@ -111,5 +111,28 @@ pub fn etcd() -> Server {
         dead_url: Some(format!("etcd://lr:pw@127.0.0.1:{}", free_port())),
         refused_url: Some(format!("etcd://lr:Wr0ng-pw@127.0.0.1:{}", e.port)),
         guard: Box::new(e),
+    }
+}
+
+/// With digest authentication: `leaderrun init` with the right password
+/// creates the root node with that identity's ACL, so a wrong password
+/// (digest takes any, it only derives another identity) meets `NoAuth`.
+pub fn zookeeper() -> Server {
+    let z = Zk::start();
+    let url = format!("zk://lr:lr-Pw-5t@127.0.0.1:{}", z.port());
+    let init = std::process::Command::new(env!("CARGO_BIN_EXE_leaderrun"))
+        .args(["init", "--store", &url])
+        .output()
+        .expect("run leaderrun init");
+    assert!(
+        init.status.success(),
+        "leaderrun init on ZooKeeper: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    Server {
+        url,
+        dead_url: Some(format!("zk://lr:pw@127.0.0.1:{}", free_port())),
+        refused_url: Some(format!("zk://lr:Wr0ng-pw@127.0.0.1:{}", z.port())),
+        guard: Box::new(z),
     }
 }

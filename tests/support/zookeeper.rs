@@ -1,17 +1,16 @@
-//! Throwaway ZooKeeper servers: one standalone server, or an ensemble of
-//! three, on free ports of 127.0.0.1 with data in a temp dir, stopped on
-//! Drop. Started from the Debian package's jar with the machine's Java;
-//! never touches a ZooKeeper the machine may run on 2181.
+//! A throwaway standalone ZooKeeper server on a free port of 127.0.0.1,
+//! with data in a temp dir, stopped on Drop. Started from the Debian
+//! package's jar with the machine's Java; never touches a ZooKeeper the
+//! machine may run on 2181.
 //!
 //! `tickTime` is 100 ms, so sessions from 200 ms (2 ticks) to 60 s are
-//! granted as asked, and the ensemble notices a dead leader within a
-//! second (`syncLimit` 5 ticks).
+//! granted as asked.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{free_port, start_server, TempDir};
 
@@ -24,7 +23,9 @@ fn java(main: &str, cfg: &std::path::Path) -> Command {
         .and_then(|p| std::env::split_paths(&p).find(|d| d.join("java").exists()))
         .map(|d| d.join("java"));
     let Some(java) = java else {
-        panic!("`java` not found on PATH: install the Debian package `zookeeper` (it brings a JRE)");
+        panic!(
+            "`java` not found on PATH: install the Debian package `zookeeper` (it brings a JRE)"
+        );
     };
     if !std::path::Path::new(JAR).exists() {
         panic!("{JAR} not found: install the Debian package `zookeeper`");
@@ -66,14 +67,12 @@ pub fn mode(port: u16) -> String {
 const COMMON: &str = "tickTime=100
 minSessionTimeout=200
 maxSessionTimeout=60000
-initLimit=50
-syncLimit=5
 admin.enableServer=false
 4lw.commands.whitelist=*
 clientPortAddress=127.0.0.1
 ";
 
-/// One server of a standalone store or an ensemble.
+/// The server process.
 pub struct Member {
     pub port: u16,
     cfg: PathBuf,
@@ -91,54 +90,31 @@ impl Member {
             .expect("log");
         let mut cmd = java(self.main, &self.cfg);
         cmd.stdout(log.try_clone().expect("log")).stderr(log);
-        let (port, main) = (self.port, self.main);
+        let port = self.port;
         self.server = start_server(
             &mut cmd,
             "zookeeper",
             nix::sys::signal::Signal::SIGKILL,
             limit,
             Duration::from_millis(50),
-            // A lone member of an ensemble serves nobody: started is enough.
-            || main.ends_with("QuorumPeerMain") || !mode(port).is_empty(),
+            // Serving once `srvr` names its mode.
+            || !mode(port).is_empty(),
         );
         self.server.is_some()
-    }
-
-    pub fn up(&self) -> bool {
-        self.server.is_some()
-    }
-
-    /// Freeze (SIGSTOP) or thaw (SIGCONT) the server.
-    pub fn freeze(&self, frozen: bool) {
-        super::freeze_server(self.server.as_ref(), frozen, false);
-    }
-
-    /// kill -9. ZooKeeper acknowledges a write once a quorum logged it on
-    /// disk, so nothing acknowledged is lost.
-    pub fn crash(&mut self) {
-        super::kill_server(&mut self.server, false);
-    }
-
-    pub fn boot(&mut self) {
-        for _ in 0..5 {
-            if self.spawn(Duration::from_secs(30)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        panic!("could not restart a throwaway ZooKeeper server");
     }
 }
 
 impl Drop for Member {
     fn drop(&mut self) {
-        self.crash();
+        // kill -9: a throwaway server has nothing to keep.
+        super::kill_server(&mut self.server, false);
     }
 }
 
 /// A standalone server.
 pub struct Zk {
-    pub dir: TempDir,
+    /// Its data and logs, removed on Drop.
+    _dir: TempDir,
     pub member: Member,
 }
 
@@ -163,7 +139,7 @@ impl Zk {
                 server: None,
             };
             if member.spawn(Duration::from_secs(30)) {
-                return Zk { dir, member };
+                return Zk { _dir: dir, member };
             }
         }
         panic!("could not start a throwaway ZooKeeper");
@@ -171,96 +147,5 @@ impl Zk {
 
     pub fn port(&self) -> u16 {
         self.member.port
-    }
-
-    pub fn url(&self) -> String {
-        format!("zk://127.0.0.1:{}", self.port())
-    }
-
-    pub fn freeze(&self, frozen: bool) {
-        self.member.freeze(frozen);
-    }
-}
-
-/// Three servers, each a voter.
-pub struct Ensemble {
-    pub dir: TempDir,
-    pub members: Vec<Member>,
-}
-
-impl Ensemble {
-    pub fn start() -> Ensemble {
-        let dir = TempDir::new("zk-ensemble");
-        let ports: Vec<(u16, u16, u16)> = (0..3)
-            .map(|_| (free_port(), free_port(), free_port()))
-            .collect();
-        let servers: String = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (c, peer, elect))| {
-                format!("server.{}=127.0.0.1:{peer}:{elect};127.0.0.1:{c}\n", i + 1)
-            })
-            .collect();
-        let mut members = Vec::new();
-        for (i, (client, _, _)) in ports.iter().enumerate() {
-            let data = dir.file(&format!("data-{}", i + 1));
-            std::fs::create_dir_all(&data).expect("data dir");
-            std::fs::write(data.join("myid"), format!("{}\n", i + 1)).expect("myid");
-            let cfg = dir.file(&format!("zoo-{}.cfg", i + 1));
-            std::fs::write(
-                &cfg,
-                format!(
-                    "{COMMON}dataDir={}\nclientPort={client}\nstandaloneEnabled=false\n{servers}",
-                    data.display()
-                ),
-            )
-            .expect("zoo.cfg");
-            members.push(Member {
-                port: *client,
-                cfg,
-                log: dir.file(&format!("server-{}.log", i + 1)),
-                main: "org.apache.zookeeper.server.quorum.QuorumPeerMain",
-                server: None,
-            });
-        }
-        for m in &mut members {
-            assert!(m.spawn(Duration::from_secs(30)), "a ZooKeeper member did not start");
-        }
-        let e = Ensemble { dir, members };
-        assert!(
-            e.wait_serving(3, Duration::from_secs(60)),
-            "the ZooKeeper ensemble did not form"
-        );
-        e
-    }
-
-    /// Wait until `n` members serve clients, one of them as leader.
-    pub fn wait_serving(&self, n: usize, limit: Duration) -> bool {
-        let t0 = Instant::now();
-        while t0.elapsed() < limit {
-            let modes: Vec<String> = self.members.iter().map(|m| mode(m.port)).collect();
-            let serving = modes.iter().filter(|m| !m.is_empty()).count();
-            if serving >= n && modes.iter().any(|m| m == "leader") {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
-    }
-
-    /// The index of the current leader.
-    pub fn leader(&self) -> usize {
-        (0..self.members.len())
-            .find(|&i| mode(self.members[i].port) == "leader")
-            .expect("the ensemble has a leader")
-    }
-
-    /// `zk://` naming the members in `order`.
-    pub fn url(&self, order: &[usize]) -> String {
-        let hosts: Vec<String> = order
-            .iter()
-            .map(|&i| format!("127.0.0.1:{}", self.members[i].port))
-            .collect();
-        format!("zk://{}", hosts.join(","))
     }
 }

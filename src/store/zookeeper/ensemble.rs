@@ -73,14 +73,14 @@ impl Ensemble {
     /// One server: the handshake (resuming the session, or a fresh one
     /// when it expired), the timeout check, the authentication.
     async fn handshake(&mut self, addr: &str) -> Res<Conn> {
-        let mut c = match Conn::open(addr, self.ask_ms, self.creds.as_ref(), self.seen.clone()).await
-        {
-            Err(ZkError::Expired) if self.creds.is_some() => {
-                self.creds = None;
-                Conn::open(addr, self.ask_ms, None, self.seen.clone()).await?
-            }
-            r => r?,
-        };
+        let mut c =
+            match Conn::open(addr, self.ask_ms, self.creds.as_ref(), self.seen.clone()).await {
+                Err(ZkError::Expired) if self.creds.is_some() => {
+                    self.creds = None;
+                    Conn::open(addr, self.ask_ms, None, self.seen.clone()).await?
+                }
+                r => r?,
+            };
         if self.exact && c.creds.timeout_ms != self.ask_ms {
             return Err(ZkError::Refused(format!(
                 "it granted a session timeout of {}ms, not the {}ms --lease asks for \

@@ -39,15 +39,35 @@ pub(super) struct Paths {
 
 impl Paths {
     pub fn new(root: &str, name: &str) -> Paths {
-        // Lease names are letters, digits, '.', '_' and '-', never starting
-        // with '.' (src/names.rs): valid node names as they are.
-        let dir = format!("{root}/{name}");
+        // A lease name may hold '/', '.', '..' or anything else: escaped,
+        // so each name is exactly one node under the root and no name can
+        // reach another's nodes.
+        let dir = format!("{root}/{}", node_name(name));
         Paths {
             counter: format!("{dir}/epoch"),
             lease: format!("{dir}/lease"),
             dir,
         }
     }
+}
+
+/// Bytes kept as they are in a node name: no '.', so neither "." nor
+/// ".." can be formed, and no '/'; '%' is escaped like the rest.
+const KEEP: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_');
+
+/// The node a lease name is kept under.
+pub(super) fn node_name(name: &str) -> String {
+    percent_encoding::utf8_percent_encode(name, KEEP).to_string()
+}
+
+/// The lease name a node under the root stands for; `None` for a node
+/// leaderrun did not name.
+pub(super) fn lease_name(node: &str) -> Option<String> {
+    let name = percent_encoding::percent_decode_str(node)
+        .decode_utf8()
+        .ok()?;
+    (node_name(&name) == node).then(|| name.into_owned())
 }
 
 /// What the lease node says.
@@ -57,18 +77,31 @@ pub(super) struct Grant {
     /// A `--min-hold` hold (persistent), not a live lease (ephemeral).
     pub hold: bool,
     pub ms: i64,
+    /// The session that owns a lease node, and its password: what a renewal
+    /// on another connection (a new process naming holder and epoch)
+    /// resumes. Readable only by whoever may also delete the node (its ACL),
+    /// so it gives nobody more than they had. Empty for a hold.
+    pub session: Option<(i64, Vec<u8>)>,
     pub holder: String,
 }
 
 impl Grant {
     pub fn encode(&self) -> Vec<u8> {
         let kind = if self.hold { "hold" } else { "lease" };
-        format!("{}\n{kind}\n{}\n{}", self.epoch, self.ms, self.holder).into_bytes()
+        let session = self.session.as_ref().map_or("-".to_string(), |(id, pw)| {
+            let hex: String = pw.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{id}:{hex}")
+        });
+        format!(
+            "{}\n{kind}\n{}\n{session}\n{}",
+            self.epoch, self.ms, self.holder
+        )
+        .into_bytes()
     }
 
     pub fn decode(data: &[u8]) -> Option<Grant> {
         let text = std::str::from_utf8(data).ok()?;
-        let mut parts = text.splitn(4, '\n');
+        let mut parts = text.splitn(5, '\n');
         let epoch = parts.next()?.parse().ok()?;
         let hold = match parts.next()? {
             "lease" => false,
@@ -76,11 +109,26 @@ impl Grant {
             _ => return None,
         };
         let ms = parts.next()?.parse().ok()?;
+        let session = match parts.next()? {
+            "-" => None,
+            s => {
+                let (id, hex) = s.split_once(':')?;
+                if hex.len() % 2 != 0 || !hex.is_ascii() {
+                    return None;
+                }
+                let pw = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+                    .collect::<Option<Vec<u8>>>()?;
+                Some((id.parse().ok()?, pw))
+            }
+        };
         let holder = parts.next()?.to_string();
         Some(Grant {
             epoch,
             hold,
             ms,
+            session,
             holder,
         })
     }
@@ -107,10 +155,11 @@ fn counter_of(node: Option<(Vec<u8>, Stat)>) -> Res<Counter> {
 impl Conn {
     /// A node's data and metadata; `None` when it does not exist.
     pub async fn get(&mut self, path: &str) -> Res<Option<(Vec<u8>, Stat)>> {
-        match self.request(op::GET_DATA, |w| {
-            w.string(path).bool(false);
-        })
-        .await
+        match self
+            .request(op::GET_DATA, |w| {
+                w.string(path).bool(false);
+            })
+            .await
         {
             Ok(body) => {
                 let mut r = Reader::new(&body);
@@ -124,10 +173,11 @@ impl Conn {
 
     /// Whether `path` exists, leaving a watch on it when `watch`.
     pub async fn exists(&mut self, path: &str, watch: bool) -> Res<bool> {
-        match self.request(op::EXISTS, |w| {
-            w.string(path).bool(watch);
-        })
-        .await
+        match self
+            .request(op::EXISTS, |w| {
+                w.string(path).bool(watch);
+            })
+            .await
         {
             Ok(_) => Ok(true),
             Err(ZkError::Server(code::NO_NODE)) => Ok(false),
@@ -254,6 +304,7 @@ impl Conn {
                     epoch,
                     hold: false,
                     ms: millis(lease),
+                    session: Some((self.creds.id, self.creds.passwd.clone())),
                     holder: holder.to_string(),
                 }
                 .encode(),
@@ -303,13 +354,22 @@ impl Conn {
         let Some((e, version)) = counter else {
             return Ok(false);
         };
-        let mine = matches!(&current, Some((g, stat))
-            if !g.hold && g.epoch == epoch && g.holder == holder
-                && stat.ephemeral_owner == self.creds.id);
-        if e != epoch || !mine {
+        // The lease node's own version, never -1: -1 is ZooKeeper's "any
+        // version", which would pass a node that is no longer ours.
+        let lease_version = match &current {
+            Some((g, stat))
+                if !g.hold
+                    && g.epoch == epoch
+                    && g.holder == holder
+                    && stat.ephemeral_owner == self.creds.id =>
+            {
+                stat.version
+            }
+            _ => return Ok(false),
+        };
+        if e != epoch {
             return Ok(false);
         }
-        let lease_version = current.map_or(-1, |(_, s)| s.version);
         let checks = [
             Op::Check {
                 path: &p.counter,
@@ -352,6 +412,7 @@ impl Conn {
             epoch,
             hold: true,
             ms: millis(keep),
+            session: None,
             holder: holder.to_string(),
         }
         .encode();
@@ -415,7 +476,12 @@ impl Conn {
     /// Every lease under `root`, by name.
     pub async fn every(&mut self, root: &str) -> Res<Vec<LeaseInfo>> {
         self.sync(root).await?;
-        let mut names = self.children(root).await?;
+        let mut names: Vec<String> = self
+            .children(root)
+            .await?
+            .iter()
+            .filter_map(|n| lease_name(n))
+            .collect();
         names.sort();
         let mut out = Vec::with_capacity(names.len());
         for name in names {
@@ -475,11 +541,29 @@ mod tests {
             epoch: 42,
             hold: true,
             ms: 1500,
+            session: None,
             holder: "host a:1\nodd".into(),
         };
-        assert_eq!(Grant::decode(&g.encode()), Some(g));
-        assert_eq!(Grant::decode(b"7\nlease\n10\nh").map(|g| g.hold), Some(false));
-        for bad in [&b""[..], b"x\nlease\n1\nh", b"1\nother\n1\nh", b"1\nlease\n1", b"\xff"] {
+        assert_eq!(Grant::decode(&g.encode()), Some(g.clone()));
+        let live = Grant {
+            hold: false,
+            session: Some((-7, vec![0, 255, 16])),
+            ..g
+        };
+        assert_eq!(Grant::decode(&live.encode()), Some(live));
+        assert_eq!(
+            Grant::decode(b"7\nlease\n10\n-\nh").map(|g| g.hold),
+            Some(false)
+        );
+        for bad in [
+            &b""[..],
+            b"x\nlease\n1\n-\nh",
+            b"1\nother\n1\n-\nh",
+            b"1\nlease\n1\n-",
+            b"1\nlease\n1\n5:0\nh",
+            b"1\nlease\n1\n5:zz\nh",
+            b"\xff",
+        ] {
             assert_eq!(Grant::decode(bad), None, "{bad:?}");
         }
     }
@@ -501,8 +585,18 @@ mod tests {
     #[test]
     fn paths_sit_under_the_root() {
         let p = Paths::new("/apps/leaderrun", "job.1");
-        assert_eq!(p.dir, "/apps/leaderrun/job.1");
-        assert_eq!(p.counter, "/apps/leaderrun/job.1/epoch");
-        assert_eq!(p.lease, "/apps/leaderrun/job.1/lease");
+        assert_eq!(p.dir, "/apps/leaderrun/job%2E1");
+        assert_eq!(p.counter, "/apps/leaderrun/job%2E1/epoch");
+        assert_eq!(p.lease, "/apps/leaderrun/job%2E1/lease");
+    }
+
+    #[test]
+    fn names_are_one_node_each_and_read_back() {
+        for name in ["a/../b", "..", ".", "x%2F", "ü", "{leader}:1", "a b"] {
+            let node = node_name(name);
+            assert!(!node.contains('/') && !node.contains('.'), "{node}");
+            assert_eq!(lease_name(&node).as_deref(), Some(name));
+        }
+        assert_eq!(lease_name("job%2e1"), None, "not a name leaderrun wrote");
     }
 }

@@ -61,13 +61,19 @@ mod proto;
 mod url;
 pub(crate) mod wake;
 
-use self::conn::{Conn, Res};
+use self::conn::{Conn, Creds, Res};
 use self::ensemble::Ensemble;
-use self::lease::Paths;
+use self::lease::{Grant, Paths};
 use self::proto::Acl;
 
 pub struct ZkStore {
+    /// The lease's session: its timeout is the lease, and only the lease
+    /// loop's calls touch it.
     s: Session<Ensemble>,
+    /// A session of its own for reads and operators' calls: a call on the
+    /// lease's session would keep it alive, so `status` run by the holder
+    /// would extend its own lease.
+    ops: Session<Ensemble>,
     /// `CHROOT/leaderrun`: where the leases are.
     root: String,
 }
@@ -75,9 +81,11 @@ pub struct ZkStore {
 impl ZkStore {
     fn new(url: &::url::Url) -> Result<ZkStore, UrlError> {
         let p = url::from_url(url)?;
+        let lease = Ensemble::new(p.hosts, p.user, p.shown);
         Ok(ZkStore {
             root: format!("{}/leaderrun", p.chroot),
-            s: Session::new(Ensemble::new(p.hosts, p.user, p.shown)),
+            ops: Session::new(lease.detached()),
+            s: Session::new(lease),
         })
     }
 
@@ -90,6 +98,7 @@ impl ZkStore {
         }
     }
 
+    /// A call on the lease's session.
     async fn call<T>(
         &mut self,
         timeout: Duration,
@@ -97,6 +106,18 @@ impl ZkStore {
         f: impl AsyncFnOnce(&mut Conn) -> Res<T>,
     ) -> Result<T, StoreError> {
         self.s
+            .call(timeout, what, async move |c, _deadline| f(c).await)
+            .await
+    }
+
+    /// A call on the operators' session, never the lease's.
+    async fn op<T>(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        f: impl AsyncFnOnce(&mut Conn) -> Res<T>,
+    ) -> Result<T, StoreError> {
+        self.ops
             .call(timeout, what, async move |c, _deadline| f(c).await)
             .await
     }
@@ -118,7 +139,11 @@ impl Backend for ZkStore {
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
         self.for_lease(lease);
-        let (root, p, acl) = (self.root.clone(), Paths::new(&self.root, &key.name), self.acl());
+        let (root, p, acl) = (
+            self.root.clone(),
+            Paths::new(&self.root, &key.name),
+            self.acl(),
+        );
         let holder = key.holder.as_str();
         self.call(timeout, "cannot acquire in", async |c| {
             c.take(&root, &p, holder, lease, acl).await
@@ -133,10 +158,35 @@ impl Backend for ZkStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let had = self.s.c.creds.as_ref().map(|c| c.id);
         self.for_lease(lease);
         let p = Paths::new(&self.root, &key.name);
         let holder = key.holder.as_str();
+        if self.s.c.creds.is_none() {
+            // Not this lock's grant (another process names holder and
+            // epoch): the session is the one the lease node names, resumed.
+            let path = p.lease.clone();
+            let node = self
+                .op(timeout, "cannot renew in", async |c| c.get(&path).await)
+                .await?;
+            let grant = node.and_then(|(data, _)| Grant::decode(&data));
+            match grant {
+                Some(Grant {
+                    epoch: e,
+                    hold: false,
+                    session: Some((id, passwd)),
+                    holder: h,
+                    ..
+                }) if e == epoch && h == holder => {
+                    self.s.c.creds = Some(Creds {
+                        id,
+                        passwd,
+                        timeout_ms: i32::try_from(lease.as_millis()).unwrap_or(i32::MAX),
+                    });
+                }
+                _ => return Ok(false),
+            }
+        }
+        let had = self.s.c.creds.as_ref().map(|c| c.id);
         let ours = self
             .call(timeout, "cannot renew in", async |c| {
                 // A session that expired was replaced by a fresh one in the
@@ -159,7 +209,10 @@ impl Backend for ZkStore {
     ) -> Result<bool, StoreError> {
         let (p, acl) = (Paths::new(&self.root, &key.name), self.acl());
         let holder = key.holder.as_str();
-        self.call(timeout, "cannot release in", async |c| {
+        // From the operators' session: a release names holder and epoch and
+        // deletes at the node's version, from whichever session (the
+        // watchdog's own store has no lease session).
+        self.op(timeout, "cannot release in", async |c| {
             c.give_back(&p, holder, epoch, keep, acl).await
         })
         .await
@@ -171,7 +224,7 @@ impl Backend for ZkStore {
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
         let p = Paths::new(&self.root, name);
-        self.call(timeout, "cannot read", async |c| c.info(name, &p).await)
+        self.op(timeout, "cannot read", async |c| c.info(name, &p).await)
             .await
     }
 
@@ -196,7 +249,7 @@ impl Backend for ZkStore {
     /// out of the leases.
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
         let (root, acl) = (self.root.clone(), self.acl());
-        self.call(timeout, "cannot use", async |c| {
+        self.op(timeout, "cannot use", async |c| {
             if let Some(parent) = root.strip_suffix("/leaderrun").filter(|p| !p.is_empty()) {
                 let mut at = String::new();
                 for part in parent.split('/').skip(1) {
@@ -214,7 +267,7 @@ impl Backend for ZkStore {
     /// logged it, so no failover of the ensemble loses it.
     async fn replication(&mut self, timeout: Duration) -> Result<Replication, StoreError> {
         let config = self
-            .call(timeout, "cannot read", async |c| {
+            .op(timeout, "cannot read", async |c| {
                 Ok(c.get("/zookeeper/config").await?.map(|(d, _)| d))
             })
             .await?;
@@ -241,7 +294,7 @@ impl Backend for ZkStore {
 
     async fn list(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, StoreError> {
         let root = self.root.clone();
-        self.call(timeout, "cannot read", async |c| c.every(&root).await)
+        self.op(timeout, "cannot read", async |c| c.every(&root).await)
             .await
     }
 
@@ -252,7 +305,7 @@ impl Backend for ZkStore {
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>, StoreError> {
         let p = Paths::new(&self.root, name);
-        self.call(timeout, "cannot release in", async |c| {
+        self.op(timeout, "cannot release in", async |c| {
             c.clear(name, &p, epoch).await
         })
         .await

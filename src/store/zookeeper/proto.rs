@@ -424,13 +424,14 @@ mod tests {
     #[test]
     fn integers_and_buffers_are_big_endian_and_length_prefixed() {
         let mut w = Writer::default();
-        w.int(-2).long(0x0102_0304_0506_0708).bool(true).string("ab");
+        w.int(-2)
+            .long(0x0102_0304_0506_0708)
+            .bool(true)
+            .string("ab");
         let b = body(w);
         assert_eq!(
             b,
-            [
-                0xff, 0xff, 0xff, 0xfe, 1, 2, 3, 4, 5, 6, 7, 8, 1, 0, 0, 0, 2, b'a', b'b'
-            ]
+            [0xff, 0xff, 0xff, 0xfe, 1, 2, 3, 4, 5, 6, 7, 8, 1, 0, 0, 0, 2, b'a', b'b']
         );
         let mut r = Reader::new(&b);
         assert_eq!(r.int(), Ok(-2));
@@ -472,9 +473,15 @@ mod tests {
         );
         let b = body(w);
         let mut r = Reader::new(&b);
-        assert_eq!((r.int(), r.bool(), r.int()), (Ok(op::CHECK), Ok(false), Ok(-1)));
+        assert_eq!(
+            (r.int(), r.bool(), r.int()),
+            (Ok(op::CHECK), Ok(false), Ok(-1))
+        );
         assert_eq!((r.string().as_deref(), r.int()), (Ok("/a"), Ok(3)));
-        assert_eq!((r.int(), r.bool(), r.int()), (Ok(op::DELETE), Ok(false), Ok(-1)));
+        assert_eq!(
+            (r.int(), r.bool(), r.int()),
+            (Ok(op::DELETE), Ok(false), Ok(-1))
+        );
         assert_eq!((r.string().as_deref(), r.int()), (Ok("/b"), Ok(-1)));
         assert_eq!((r.int(), r.bool(), r.int()), (Ok(-1), Ok(true), Ok(-1)));
         assert!(r.is_empty());
@@ -482,8 +489,14 @@ mod tests {
         // The reply to a multi whose second operation failed.
         let mut w = Writer::default();
         w.int(op::ERROR).bool(false).int(0).int(code::OK);
-        w.int(op::ERROR).bool(false).int(-103).int(code::BAD_VERSION);
-        w.int(op::ERROR).bool(false).int(-2).int(code::RUNTIME_INCONSISTENCY);
+        w.int(op::ERROR)
+            .bool(false)
+            .int(-103)
+            .int(code::BAD_VERSION);
+        w.int(op::ERROR)
+            .bool(false)
+            .int(-2)
+            .int(code::RUNTIME_INCONSISTENCY);
         w.int(-1).bool(true).int(-1);
         let b = body(w);
         let res = read_multi(&mut Reader::new(&b)).expect("reads");
