@@ -129,7 +129,7 @@ pub const REGISTRY: &[Entry] = &[
         open: built!("redis", redis::open),
     },
     Entry {
-        schemes: &["zk", "zookeeper"],
+        schemes: &["zk", "zookeeper", "zks"],
         feature: "zookeeper",
         host_list: true,
         open: built!("zookeeper", zookeeper::open),

@@ -20,6 +20,15 @@ pub(super) struct ParsedUrl {
 /// The URL as the registry parsed it (the host list folded into
 /// `endpoint=` parameters by `fold_hosts`).
 pub(super) fn from_url(url: &url::Url) -> Result<ParsedUrl, UrlError> {
+    // Known, so that it is refused for what it is rather than as an
+    // unknown scheme: this store speaks plain TCP only.
+    if url.scheme() == "zks" {
+        return Err(
+            "asks for TLS (zks://), which leaderrun's ZooKeeper store does not support: \
+                    use zk:// on a trusted network"
+                .into(),
+        );
+    }
     check_params(url, &[ENDPOINT_PARAM])?;
     let first = match url.host() {
         Some(url::Host::Domain(d)) if !d.is_empty() => d.to_string(),
@@ -127,6 +136,7 @@ mod tests {
             ("zk://h:1?x=1", "unknown parameter x"),
             ("zk://:pw@h", "no user"),
             ("zk://h,:1", "without a host"),
+            ("zks://h:2281", "TLS (zks://)"),
         ] {
             match parsed(raw) {
                 Ok(_) => panic!("{raw} parsed"),
