@@ -39,6 +39,12 @@ fn unparsable_store_strings_name_their_origin_and_are_never_echoed() {
             "Sekr1t",
             "is not a URL",
         ),
+        // a scheme known and refused: ZooKeeper without TLS only
+        (
+            "zks://app:Sekr1t@zk1:2281,zk2:2281/apps",
+            "Sekr1t",
+            "asks for TLS (zks://), which leaderrun's ZooKeeper store does not support",
+        ),
         (
             "ftp://app:Sekr1t@db/jobs",
             "Sekr1t",
