@@ -1,0 +1,210 @@
+//! The embedded store's statements and its one table (in the store's file
+//! and in every lease file alike). Why each is safe is said beside it;
+//! mod.rs runs them inside `BEGIN IMMEDIATE` on the lease's own file.
+
+use std::time::Duration;
+
+use crate::store::Schema;
+
+pub const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT,
+    epoch      INTEGER NOT NULL DEFAULT 0,
+    expires_at INTEGER NOT NULL DEFAULT 0, -- CLOCK_BOOTTIME in ms, of boot `boot_id`
+    boot_id    TEXT NOT NULL DEFAULT '',
+    run_started_at   INTEGER, -- --once-per's last run: CLOCK_BOOTTIME in ms, of boot `run_boot_id`
+    run_boot_id      TEXT,
+    run_started_wall INTEGER, -- the wall clock at the start, Unix ms: shown, never compared
+    run_ended_at     INTEGER, -- CLOCK_BOOTTIME in ms, of boot `run_boot_id`
+    run_ended_wall   INTEGER,
+    run_holder       TEXT,
+    run_epoch        INTEGER,
+    run_outcome      TEXT
+)";
+
+/// The run record's columns (`--once-per`) and their types: a lease file
+/// made before `--once-per` lacks them, and its first `--once-per` acquire
+/// adds the missing ones (`add_run_columns`). Nothing else names them.
+pub(super) const RUN_COLUMNS: [(&str, &str); 8] = [
+    ("run_started_at", "INTEGER"),
+    ("run_boot_id", "TEXT"),
+    ("run_started_wall", "INTEGER"),
+    ("run_ended_at", "INTEGER"),
+    ("run_ended_wall", "INTEGER"),
+    ("run_holder", "TEXT"),
+    ("run_epoch", "INTEGER"),
+    ("run_outcome", "TEXT"),
+];
+
+pub const SCHEMA: Schema = Schema {
+    dialect: "SQLite (the embedded store; leaderrun creates it by itself)",
+    sql: TABLE_SQL,
+};
+
+/// The holder of a row in the store's file whose lease moved to a file of
+/// its own. An older leaderrun reads it as held (for ten years of uptime),
+/// and its `status` shows why.
+pub const MOVED: &str = "(moved to a file of its own by a newer leaderrun)";
+
+/// How long SQLite waits for a lock by itself before the caller looks at
+/// who holds it: a live writer holds it for well under a millisecond.
+pub(super) const SLICE: Duration = Duration::from_millis(25);
+
+/// Ten years in ms: how long a moved row stays held for an older leaderrun.
+pub(super) const TEN_YEARS_MS: i64 = 315_360_000_000;
+
+// SQLite stores whatever it is given in any column, so a row written by hand
+// (or by an older leaderrun that did not clamp) may hold a REAL, a huge
+// integer or text where a time should be. Every read and every condition
+// goes through CAST (text becomes 0, a huge REAL the largest integer), and
+// remaining times are clamped to ±MAX_MS, so such a row can neither fail a
+// listing nor look live forever.
+
+// ?1 name, ?2 holder, ?3 now (boot ms), ?4 lease ms, ?5 boot id
+pub(super) const ACQUIRE_SQL: &str =
+    "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id)
+     VALUES (?1, ?2, 1, ?3 + ?4, ?5)
+     ON CONFLICT (name) DO UPDATE
+        SET holder = excluded.holder, epoch = CAST(leader_lease.epoch AS INTEGER) + 1,
+            expires_at = excluded.expires_at, boot_id = excluded.boot_id
+      WHERE leader_lease.holder IS NULL OR leader_lease.boot_id <> excluded.boot_id
+         OR CAST(leader_lease.expires_at AS INTEGER) <= ?3
+     RETURNING epoch";
+
+// `--once-per` (docs/stores.md, "Once per period"): the acquire above,
+// whose takeover also requires that no run of this name started less than
+// `half` ago by the boot clock of this boot, and which writes the run
+// record's start in the same statement, inside the same `BEGIN IMMEDIATE`,
+// so of racers one takes the period and the others see its start. A record
+// from another boot counts as started long ago: boot-clock values of
+// another boot mean nothing, and a reboot opens the period (the docs say
+// why). A run handed back `not started` does not count. The epoch and the
+// record's epoch are the same expression on the old row.
+//
+// ?1 name, ?2 holder, ?3 now (boot ms), ?4 lease ms, ?5 boot id, ?6 half
+// ms, ?7 wall clock (Unix ms, shown only), ?8 `not started`
+pub(super) const ACQUIRE_ONCE_SQL: &str =
+    "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id,
+         run_started_at, run_boot_id, run_started_wall, run_ended_at, run_ended_wall,
+         run_holder, run_epoch, run_outcome)
+     VALUES (?1, ?2, 1, ?3 + ?4, ?5, ?3, ?5, ?7, NULL, NULL, ?2, 1, NULL)
+     ON CONFLICT (name) DO UPDATE
+        SET holder = excluded.holder, epoch = CAST(leader_lease.epoch AS INTEGER) + 1,
+            expires_at = excluded.expires_at, boot_id = excluded.boot_id,
+            run_started_at = ?3, run_boot_id = ?5, run_started_wall = ?7,
+            run_ended_at = NULL, run_ended_wall = NULL, run_holder = excluded.holder,
+            run_epoch = CAST(leader_lease.epoch AS INTEGER) + 1, run_outcome = NULL
+      WHERE (leader_lease.holder IS NULL OR leader_lease.boot_id <> excluded.boot_id
+             OR CAST(leader_lease.expires_at AS INTEGER) <= ?3)
+        AND (leader_lease.run_started_at IS NULL OR leader_lease.run_boot_id IS NOT ?5
+             OR CAST(leader_lease.run_started_at AS INTEGER) <= ?3 - ?6
+             OR leader_lease.run_outcome IS ?8)
+     RETURNING epoch";
+
+// When the acquire above took nothing, in the same transaction: whether
+// that is because this period's run started (the exact complement of its
+// second condition), and how long ago, clamped to ten years; no row when
+// the lease is merely held.
+//
+// ?1 name, ?2 now (boot ms), ?3 boot id, ?4 half ms, ?5 `not started`
+pub(super) const DONE_SQL: &str = "SELECT max(0, ?2 - min(max(CAST(run_started_at AS INTEGER),
+                                        ?2 - 315360000000), ?2 + 315360000000))
+   FROM leader_lease
+  WHERE name = ?1 AND run_started_at IS NOT NULL AND run_boot_id IS ?3
+    AND CAST(run_started_at AS INTEGER) > ?2 - ?4 AND run_outcome IS NOT ?5";
+
+// ?1 name, ?2 holder, ?3 epoch, ?4 now, ?5 lease ms, ?6 boot id
+pub(super) const RENEW_SQL: &str = "UPDATE leader_lease SET expires_at = ?4 + ?5
+      WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6
+        AND CAST(expires_at AS INTEGER) > ?4";
+
+// ?1 name, ?2 holder, ?3 epoch, ?4 now, ?5 keep ms, ?6 boot id
+pub(super) const RELEASE_SQL: &str = "UPDATE leader_lease
+        SET holder = CASE WHEN ?5 > 0 THEN holder END, expires_at = ?4 + ?5
+      WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6";
+
+// The release with the run record's end and outcome (`--once-per`), where
+// the record is this holder's at this epoch (it is: this grant's acquire
+// wrote it, and no one else's can have since while the row names us).
+//
+// ?1 name, ?2 holder, ?3 epoch, ?4 now, ?5 keep ms, ?6 boot id, ?7 outcome,
+// ?8 wall clock (Unix ms, shown only)
+pub(super) const RELEASE_ENDING_SQL: &str = "UPDATE leader_lease
+        SET holder = CASE WHEN ?5 > 0 THEN holder END, expires_at = ?4 + ?5,
+            run_ended_at = CASE WHEN run_holder IS ?2 AND run_epoch IS ?3
+                                THEN ?4 ELSE run_ended_at END,
+            run_ended_wall = CASE WHEN run_holder IS ?2 AND run_epoch IS ?3
+                                  THEN ?8 ELSE run_ended_wall END,
+            run_outcome = CASE WHEN run_holder IS ?2 AND run_epoch IS ?3
+                               THEN ?7 ELSE run_outcome END
+      WHERE name = ?1 AND holder = ?2 AND epoch = ?3 AND boot_id = ?6";
+
+/// The run records: times as RFC 3339 in UTC from the wall clock written
+/// beside them (shown only), and as milliseconds ago by the boot clock
+/// when the record is of this boot. A record of another boot has no
+/// boot-clock age: it is shown by the wall clock, and at least the time
+/// since this boot (which it is older than). Every time clamped to ten
+/// years around now, as elsewhere; ?1 now (boot ms), ?2 boot id, ?3 the
+/// wall clock (Unix ms), ?4 the name or NULL for every name.
+pub(super) const RUN_RECORDS_SQL: &str = "SELECT CAST(name AS TEXT), CAST(run_holder AS TEXT),
+        CAST(run_epoch AS INTEGER), CAST(run_outcome AS TEXT),
+        strftime('%Y-%m-%dT%H:%M:%fZ', min(max(CAST(run_started_wall AS INTEGER),
+                 ?3 - 315360000000), ?3 + 315360000000) / 1000.0, 'unixepoch'),
+        CASE WHEN run_boot_id IS ?2
+             THEN ?1 - min(max(CAST(run_started_at AS INTEGER), ?1 - 315360000000), ?1 + 315360000000)
+             ELSE max(?1, ?3 - min(max(CAST(run_started_wall AS INTEGER), ?3 - 315360000000),
+                                   ?3 + 315360000000)) END,
+        CASE WHEN run_ended_at IS NULL THEN NULL
+             ELSE strftime('%Y-%m-%dT%H:%M:%fZ', min(max(CAST(run_ended_wall AS INTEGER),
+                           ?3 - 315360000000), ?3 + 315360000000) / 1000.0, 'unixepoch') END,
+        CASE WHEN run_ended_at IS NULL THEN NULL
+             WHEN run_boot_id IS ?2
+             THEN ?1 - min(max(CAST(run_ended_at AS INTEGER), ?1 - 315360000000), ?1 + 315360000000)
+             ELSE max(?1, ?3 - min(max(CAST(run_ended_wall AS INTEGER), ?3 - 315360000000),
+                                   ?3 + 315360000000)) END
+   FROM leader_lease WHERE run_started_at IS NOT NULL AND (?4 IS NULL OR name = ?4)
+  ORDER BY name";
+
+/// What `LeaseInfo` is read from (see `sql::lease_info`); ?1 now, ?2 boot
+/// id: a lease from another boot has expired.
+macro_rules! columns {
+    () => {
+        "CAST(name AS TEXT), CAST(holder AS TEXT), CAST(epoch AS INTEGER),
+         CASE WHEN boot_id = ?2
+              THEN min(max(CAST(expires_at AS INTEGER), ?1 - 315360000000), ?1 + 315360000000) - ?1
+              ELSE -1 END"
+    };
+}
+
+// ?1 now, ?2 boot id, ?3 name, ?4 epoch or NULL
+pub(super) const INSPECT_SQL: &str =
+    concat!("SELECT ", columns!(), " FROM leader_lease WHERE name = ?3");
+pub(super) const LIST_SQL: &str =
+    concat!("SELECT ", columns!(), " FROM leader_lease ORDER BY name");
+pub(super) const CLEARABLE_SQL: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM leader_lease WHERE name = ?3 AND holder IS NOT NULL AND holder IS NOT ?5
+        AND (?4 IS NULL OR CAST(epoch AS INTEGER) = ?4)"
+);
+pub(super) const CLEAR_SQL: &str =
+    "UPDATE leader_lease SET holder = NULL, expires_at = ?2 WHERE name = ?1";
+
+// ?1 name: holder, epoch, expiry (boot ms) and boot id, as the lock rules
+// and the move read them.
+pub(super) const STATE_SQL: &str = "SELECT CAST(holder AS TEXT), CAST(epoch AS INTEGER),
+        CAST(expires_at AS INTEGER), CAST(boot_id AS TEXT)
+   FROM leader_lease WHERE name = ?1";
+
+// ?1 name, ?2 moved marker, ?3 epoch, ?4 expiry, ?5 boot id
+pub(super) const MARK_MOVED_SQL: &str =
+    "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id)
+     VALUES (?1, ?2, ?3, ?4, ?5)
+     ON CONFLICT (name) DO UPDATE
+        SET holder = excluded.holder, epoch = excluded.epoch,
+            expires_at = excluded.expires_at, boot_id = excluded.boot_id";
+
+// ?1 name, ?2 epoch, ?3 boot id: a free lease at the moved epoch.
+pub(super) const MOVE_IN_SQL: &str =
+    "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id)
+     VALUES (?1, NULL, ?2, 0, ?3)";
