@@ -575,6 +575,43 @@ fn leaderrun_frozen_between_spawning_and_child_its_watchdog_still_stops_the_comm
     );
 }
 
+/// leaderrun with `args` under strace (tracing `traced` into `trace`, with
+/// the fault `inject`), in `cg`, stderr to `a.log`; waits for it to exit
+/// (15 s at most). Its exit code, and when the wait began (before the
+/// acquisition: what has passed since is an upper bound on the time since it).
+fn held_by_strace_until_exit(
+    cg: &Path,
+    clean: &mut Cleanup,
+    dir: &TempDir,
+    trace: &Path,
+    traced: &str,
+    inject: &str,
+    args: &[String],
+) -> (Option<i32>, Instant) {
+    let st = strace_args(trace, traced, Some(inject), args);
+    let strace = in_cgroup(cg, "strace", &st)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.file("a.log")).expect("log"))
+        .spawn()
+        .expect("strace");
+    clean.children.push(strace);
+    let lr_pid = traced_leaderrun(&clean.children[0]);
+    clean.proc(lr_pid);
+    let t0 = Instant::now();
+    let code = loop {
+        if let Some(st) = clean.children[0].try_wait().expect("try_wait") {
+            break st.code();
+        }
+        assert!(
+            t0.elapsed() < 15 * SEC,
+            "leaderrun did not exit: {}",
+            read(&dir.file("a.log"))
+        );
+        std::thread::sleep(10 * MS);
+    };
+    (code, t0)
+}
+
 /// F3: leaderrun frozen just before the fork (held by strace on the way
 /// into it) until past the give-up deadline: the command must not start at
 /// all, and leaderrun exits 75.
@@ -609,27 +646,9 @@ fn leaderrun_frozen_before_the_fork_past_the_deadline_never_starts_the_command()
     // execve is traced too: the command's exec is in the trace whether or
     // not it got as far as its first file before leaderrun's SIGKILL.
     let trace = dir.file("f3.trace");
-    let st = strace_args(&trace, &format!("execve,{sys}"), Some(&inject), &args);
-    let strace = in_cgroup(&cg, "strace", &st)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.file("a.log")).expect("log"))
-        .spawn()
-        .expect("strace");
-    clean.children.push(strace);
-    let lr_pid = traced_leaderrun(&clean.children[0]);
-    clean.proc(lr_pid);
-    let t0 = Instant::now();
-    let code = loop {
-        if let Some(st) = clean.children[0].try_wait().expect("try_wait") {
-            break st.code();
-        }
-        assert!(
-            t0.elapsed() < 15 * SEC,
-            "leaderrun did not exit: {}",
-            read(&dir.file("a.log"))
-        );
-        std::thread::sleep(10 * MS);
-    };
+    let traced = format!("execve,{sys}");
+    let (code, _) =
+        held_by_strace_until_exit(&cg, &mut clean, &dir, &trace, &traced, &inject, &args);
     let execs: Vec<String> = read(&trace)
         .lines()
         .filter(|l| {
@@ -679,27 +698,8 @@ fn a_start_lost_to_a_freeze_hands_the_lease_back() {
         &marker.display().to_string(),
     ]);
     let inject = format!("{sys}:delay_enter=4500000:when={n}");
-    let st = strace_args(&dir.file("f3b.trace"), &sys, Some(&inject), &args);
-    let strace = in_cgroup(&cg, "strace", &st)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.file("a.log")).expect("log"))
-        .spawn()
-        .expect("strace");
-    clean.children.push(strace);
-    let lr_pid = traced_leaderrun(&clean.children[0]);
-    clean.proc(lr_pid);
-    let t0 = Instant::now();
-    let code = loop {
-        if let Some(st) = clean.children[0].try_wait().expect("try_wait") {
-            break st.code();
-        }
-        assert!(
-            t0.elapsed() < 15 * SEC,
-            "leaderrun did not exit: {}",
-            read(&dir.file("a.log"))
-        );
-        std::thread::sleep(10 * MS);
-    };
+    let trace = dir.file("f3b.trace");
+    let (code, t0) = held_by_strace_until_exit(&cg, &mut clean, &dir, &trace, &sys, &inject, &args);
     assert_eq!(code, Some(75), "{}", read(&dir.file("a.log")));
     assert!(!marker.exists(), "the command started past the deadline");
     // Under 6 s since the acquisition: the lease would still be held.

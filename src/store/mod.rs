@@ -531,10 +531,7 @@ impl LeaseLock for Lock {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
-        Ok(match self.take(lease, timeout).await? {
-            Acquired::Taken(epoch) => Some(epoch),
-            Acquired::Held | Acquired::DoneThisPeriod { .. } => None,
-        })
+        Ok(self.take(lease, timeout).await?.epoch())
     }
 
     async fn take(&mut self, lease: Duration, timeout: Duration) -> Result<Acquired, StoreError> {

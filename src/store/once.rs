@@ -16,6 +16,17 @@ pub enum Acquired {
     },
 }
 
+impl Acquired {
+    /// The epoch, where the lease was taken: what a plain acquire (no
+    /// period) answers, since only the rule can say "done this period".
+    pub fn epoch(self) -> Option<i64> {
+        match self {
+            Acquired::Taken(epoch) => Some(epoch),
+            Acquired::Held | Acquired::DoneThisPeriod { .. } => None,
+        }
+    }
+}
+
 /// The last `--once-per` run of a name, as the store keeps it; it outlives
 /// the lease. Times are by the store's clock.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -415,10 +415,7 @@ impl Backend for PgStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
-        Ok(match self.acquire_in(key, lease, None, timeout).await? {
-            Acquired::Taken(epoch) => Some(epoch),
-            Acquired::Held | Acquired::DoneThisPeriod { .. } => None,
-        })
+        Ok(self.acquire_in(key, lease, None, timeout).await?.epoch())
     }
 
     fn once_per(&self) -> bool {
