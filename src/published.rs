@@ -205,28 +205,23 @@ pub enum ReadError {
 
 /// Read the record at `path` (`VAR`'s value). A torn record is read again.
 pub fn read(path: &str) -> Result<Record, ReadError> {
-    let mut file = File::open(path).map_err(|source| match source.kind() {
+    let io = |source| ReadError::Io {
+        path: path.to_string(),
+        source,
+    };
+    let mut file = File::open(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => ReadError::Gone(path.to_string()),
-        _ => ReadError::Io {
-            path: path.to_string(),
-            source,
-        },
+        _ => io(e),
     })?;
     // A write takes microseconds; a record still torn after this many reads
     // is not a record.
     for _ in 0..1000 {
         let mut buf = Vec::new();
-        file.read_to_end(&mut buf).map_err(|source| ReadError::Io {
-            path: path.to_string(),
-            source,
-        })?;
+        file.read_to_end(&mut buf).map_err(io)?;
         if let Some(r) = decode(&buf).filter(|r| r.v == VERSION) {
             return Ok(r);
         }
-        std::io::Seek::rewind(&mut file).map_err(|source| ReadError::Io {
-            path: path.to_string(),
-            source,
-        })?;
+        std::io::Seek::rewind(&mut file).map_err(io)?;
         std::thread::yield_now();
     }
     Err(ReadError::Garbled(path.to_string()))
