@@ -280,14 +280,22 @@ fn ago(ms: i64) -> String {
 }
 
 fn state(l: &LeaseInfo) -> String {
-    match (&l.holder, l.expires_in_ms) {
+    let mut s = match (&l.holder, l.expires_in_ms) {
+        // The run has ended; only --min-hold holds the lease now.
+        (Some(_), Some(ms)) if ms > 0 && l.kept => {
+            format!("kept by --min-hold (run ended), expires in {}", ago(ms))
+        }
         (Some(_), Some(ms)) if ms > 0 => format!("held, expires in {}", ago(ms)),
         (Some(_), Some(ms)) => format!("expired {} ago", ago(ms)),
         (Some(_), None) => "held".into(),
         (None, Some(ms)) => format!("free since {} ago", ago(ms.min(0))),
         // A store that deletes the lease key keeps no time of its end.
         (None, None) => "free".into(),
+    };
+    if let Some(a) = &l.advertised {
+        s.push_str(&format!("; advertises {}", crate::names::printable(a)));
     }
+    s
 }
 
 /// The last `--once-per` run of `l`, for people. A run with no end written
@@ -323,6 +331,10 @@ struct LeaseJson<'a> {
     epoch: i64,
     live: bool,
     expires_in_ms: Option<i64>,
+    /// The run has ended and only `--min-hold` keeps the lease.
+    kept: bool,
+    /// The holder's `--advertise` value, `null` when none.
+    advertised: Option<&'a str>,
     #[serde(flatten)]
     replication: Option<ReplicationJson<'a>>,
     /// The last `--once-per` run, where the store keeps one for this name.
@@ -359,6 +371,8 @@ impl<'a> LeaseJson<'a> {
             epoch: l.epoch,
             live: l.is_live(),
             expires_in_ms: l.expires_in_ms_shown(),
+            kept: l.kept,
+            advertised: l.advertised.as_deref(),
             replication: repl.map(|r| ReplicationJson {
                 replication: &r.detail,
                 failover_can_lose_acquisition: r.can_lose_acknowledged,
@@ -519,12 +533,14 @@ mod tests {
             holder: Some("h\"\\\n\u{1}é".into()),
             epoch: -3,
             expires_in_ms: Some(1500),
+            advertised: Some("10.0.0.7:8080".into()),
+            kept: false,
         };
         let repl = Replication::unknown("not known (x)");
         let j = serde_json::to_string(&LeaseJson::new(&l, Some(&repl))).unwrap();
         assert_eq!(
             j,
-            r#"{"name":"n","holder":"h\"\\\n\u0001é","epoch":-3,"live":true,"expires_in_ms":1500,"replication":"not known (x)","failover_can_lose_acquisition":null}"#
+            r#"{"name":"n","holder":"h\"\\\n\u0001é","epoch":-3,"live":true,"expires_in_ms":1500,"kept":false,"advertised":"10.0.0.7:8080","replication":"not known (x)","failover_can_lose_acquisition":null}"#
         );
     }
 
@@ -534,6 +550,7 @@ mod tests {
             holder: holder.map(str::to_string),
             epoch: 3,
             expires_in_ms: ms,
+            ..LeaseInfo::default()
         }
     }
 
@@ -545,7 +562,7 @@ mod tests {
         let j = serde_json::to_string(&LeaseJson::new(&info(None, None), None)).unwrap();
         assert_eq!(
             j,
-            r#"{"name":"n","holder":null,"epoch":3,"live":false,"expires_in_ms":null}"#
+            r#"{"name":"n","holder":null,"epoch":3,"live":false,"expires_in_ms":null,"kept":false,"advertised":null}"#
         );
         assert_eq!(state(&info(None, Some(-1500))), "free since 1.5s ago");
         // In JSON a free lease has no expiry on any store, whether or not
@@ -560,5 +577,22 @@ mod tests {
             state(&info(Some("h"), Some(365 * 86_400_000 - 700))),
             "held, expires in 365d"
         );
+    }
+
+    /// A lease kept by `--min-hold` after its run ended reads differently
+    /// from one whose command still runs; the advertised value is shown
+    /// printable.
+    #[test]
+    fn a_kept_lease_and_an_advertised_value_are_told() {
+        let mut l = info(Some("h"), Some(2500));
+        l.kept = true;
+        l.advertised = Some("http://a/\u{202e}x".into());
+        assert_eq!(
+            state(&l),
+            format!(
+                "kept by --min-hold (run ended), expires in 2.5s; advertises http://a/\\u{{202e}}x"
+            )
+        );
+        assert!(!state(&l).contains('\u{202e}'));
     }
 }

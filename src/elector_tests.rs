@@ -421,6 +421,7 @@ fn held_for(ms_left: i64) -> Option<LeaseInfo> {
         holder: Some("other".into()),
         epoch: 1,
         expires_in_ms: Some(ms_left),
+        ..LeaseInfo::default()
     })
 }
 
@@ -842,6 +843,7 @@ fn record(holder: Option<&str>, epoch: i64, expires_in_ms: Option<i64>) -> Lease
         holder: holder.map(String::from),
         epoch,
         expires_in_ms,
+        ..LeaseInfo::default()
     }
 }
 

@@ -66,6 +66,38 @@ pub fn parse_holder(s: &str) -> Result<String, HolderError> {
     Ok(s.to_string())
 }
 
+/// The longest `--advertise` value, in bytes.
+pub const MAX_ADVERTISE: usize = 256;
+
+/// Why an `--advertise` value is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdvertiseError {
+    #[error("--advertise must not be empty")]
+    Empty,
+    #[error("--advertise is {len} bytes long; at most {MAX_ADVERTISE} allowed")]
+    TooLong { len: usize },
+    #[error("--advertise must not contain control characters")]
+    Control,
+}
+
+/// An `--advertise` value: free text (an address, a URL, a build id),
+/// bounded and printable like a holder id, since `status` and `watch` print
+/// it for whoever asks. (clap refuses a value that is not UTF-8 before this
+/// sees it.) Nothing in it is treated as secret: the docs say anyone who
+/// can run `status` reads it.
+pub fn parse_advertise(s: &str) -> Result<String, AdvertiseError> {
+    if s.is_empty() {
+        return Err(AdvertiseError::Empty);
+    }
+    if s.len() > MAX_ADVERTISE {
+        return Err(AdvertiseError::TooLong { len: s.len() });
+    }
+    if s.chars().any(|c| c.is_control()) {
+        return Err(AdvertiseError::Control);
+    }
+    Ok(s.to_string())
+}
+
 /// Text from a store or a file, safe to print on a terminal: control
 /// characters, and the invisible marks that reorder or hide text (a
 /// right-to-left override can make a table lie), are shown escaped as

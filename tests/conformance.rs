@@ -536,6 +536,60 @@ fn once_per_period_is_claimed_with_the_acquire(srv: Server) {
     });
 }
 
+/// The lease's values (`--advertise`, and a `--min-hold` keep told from a
+/// running tenure): each is the tenure's own. An advertised value is there
+/// from the acquire that takes the lease, kept through a keep, and never
+/// shown for a later tenure that advertised none; a keep marks the tenure
+/// ended; a freed lease shows no value.
+fn values_are_the_tenures(srv: Server) {
+    rt().block_on(async {
+        let mut a = lock(&srv.url, "v", "a");
+        a.advertise("10.0.0.7:8080 (a)".into());
+        let mut b = lock(&srv.url, "v", "b");
+        let e = a.acquire(L, T).await.expect("acquire").expect("free");
+        let info = b.inspect(T).await.expect("inspect").expect("lease");
+        assert_eq!(
+            (info.advertised.as_deref(), info.kept),
+            (Some("10.0.0.7:8080 (a)"), false),
+            "{info:?}"
+        );
+        let keep = granted(&a, Duration::from_millis(1200));
+        assert!(a.release(e, keep, T).await.expect("release"));
+        let info = b.inspect(T).await.expect("inspect").expect("lease");
+        assert_eq!(
+            (info.holder.as_deref(), info.epoch, info.kept),
+            (Some("a"), e, true),
+            "kept by --min-hold: {info:?}"
+        );
+        assert_eq!(info.advertised.as_deref(), Some("10.0.0.7:8080 (a)"));
+        let (e2, _) = acquire_when_free(&mut b, L, Duration::from_secs(5)).await;
+        let info = a.inspect(T).await.expect("inspect").expect("lease");
+        assert_eq!(
+            (
+                info.holder.as_deref(),
+                info.epoch,
+                info.advertised,
+                info.kept
+            ),
+            (Some("b"), e2, None, false),
+            "a later tenure shows none of an earlier one's values"
+        );
+        // Kept without advertising: the mark alone.
+        assert!(b.release(e2, keep, T).await.expect("release"));
+        let info = a.inspect(T).await.expect("inspect").expect("lease");
+        assert!(info.kept && info.advertised.is_none(), "{info:?}");
+        let (e3, _) = acquire_when_free(&mut a, L, Duration::from_secs(5)).await;
+        assert!(a.release(e3, Duration::ZERO, T).await.expect("release"));
+        let all = store(&srv.url).list(T).await.expect("list");
+        let v = all.iter().find(|l| l.name == "v").expect("listed");
+        assert_eq!(
+            (v.holder.as_deref(), v.advertised.as_deref(), v.kept),
+            (None, None, false),
+            "freed: {v:?}"
+        );
+    });
+}
+
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -563,6 +617,19 @@ macro_rules! once_per {
             #[test] fn once_per_period_is_claimed_with_the_acquire() { super::super::once_per_period_is_claimed_with_the_acquire(super::super::stores::$store()) }
         }
     )*};
+}
+
+/// The stores that keep the lease's values: the clause runs on each.
+macro_rules! values {
+    ($($store:ident),* $(,)?) => {$(
+        mod $store {
+            #[test] fn values_are_the_tenures() { super::super::values_are_the_tenures(super::super::stores::$store()) }
+        }
+    )*};
+}
+
+mod values {
+    values!(postgres, sqlite, pgbouncer_transaction, pgbouncer_session);
 }
 
 mod once_per {

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
-use crate::names::{parse_holder, parse_name};
+use crate::names::{parse_advertise, parse_holder, parse_name};
 
 use crate::duration::DurationArg;
 use crate::logging::{self, LogFormat};
@@ -166,6 +166,11 @@ pub struct RunArgs {
     /// Holder id [default: <hostname>:<pid>:<random>]; must be unique per process
     #[arg(long, value_name = "ID", value_parser = parse_holder)]
     pub holder: Option<String>,
+
+    /// Store this text with the lease while it is held (an address, a URL): `status` and `watch`
+    /// show it to anyone who may read the store; at most 256 bytes, no control characters
+    #[arg(long, value_name = "TEXT", value_parser = parse_advertise)]
+    pub advertise: Option<String>,
 
     /// Exit status when the lease is held elsewhere
     #[arg(long, value_name = "N", default_value_t = 0, allow_hyphen_values = true, value_parser = exit_code)]

@@ -35,6 +35,8 @@ pub struct Job {
     /// `--once-per`, as typed (messages quote it), and its half: the rule's
     /// window.
     pub once_per: Option<(DurationArg, Duration)>,
+    /// `--advertise`: stored with the lease while it is held.
+    pub advertise: Option<String>,
     /// Use the store's push wake-ups while waiting (not `--no-push`).
     pub push: bool,
     pub conflict_exit_code: i32,
@@ -99,6 +101,12 @@ impl RunConfig {
             Some(p) => Some(once_per(p, run.wait, &store)?),
             None => None,
         };
+        if run.advertise.is_some() && !store.advertises() {
+            return Err(usage(format!(
+                "--advertise is not supported on the {} store yet",
+                store.kind()
+            )));
+        }
         if run.command.first().is_none_or(|c| c.is_empty()) {
             return Err(usage("the command after -- must not be empty"));
         }
@@ -114,6 +122,7 @@ impl RunConfig {
             min_hold,
             max_term,
             once_per,
+            advertise: run.advertise,
             push: !run.no_push,
             conflict_exit_code: i32::from(run.conflict_exit_code),
             command: run.command,

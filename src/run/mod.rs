@@ -170,6 +170,9 @@ impl Run {
         if let Some((_, half)) = &job.once_per {
             lock.once_per(*half);
         }
+        if let Some(value) = &job.advertise {
+            lock.advertise(value.clone());
+        }
         let wakeups = if job.push { lock.wakeups() } else { None };
         let extends = lock.capabilities().failover_extends_lease;
         let mut elector = Elector::new(lock, clock, job.timing);

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// What the store says about a lease, by the store's own clock.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LeaseInfo {
     pub name: String,
     pub holder: Option<String>,
@@ -13,6 +13,13 @@ pub struct LeaseInfo {
     /// the store cannot know: a free lease on a store that deletes the
     /// lease key (Redis, etcd) keeps no time of its end.
     pub expires_in_ms: Option<i64>,
+    /// The holder's `--advertise` value: this tenure's only, never an
+    /// earlier holder's (stores tie it to the epoch it was written at).
+    pub advertised: Option<String>,
+    /// This tenure's run has ended (its command exited and its leaderrun
+    /// released the lease with a keep): only `--min-hold` still holds it.
+    /// `false` where the store or its table cannot record it.
+    pub kept: bool,
 }
 
 impl LeaseInfo {

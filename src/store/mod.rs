@@ -203,6 +203,9 @@ macro_rules! each {
 pub struct LeaseKey {
     pub name: String,
     pub holder: String,
+    /// `--advertise`: stored with each grant this key takes, for that
+    /// tenure only, and shown by `status` and `watch`.
+    pub advertise: Option<String>,
 }
 
 /// What every store implements, once: the lease loop's calls for a key,
@@ -232,6 +235,13 @@ pub(crate) trait Backend {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError>;
+
+    /// Whether the store keeps `--advertise`'s value with the lease (written
+    /// by `acquire` from [`LeaseKey::advertise`], read by `inspect` and
+    /// `list`). The run form refuses the flag on a store that does not.
+    fn advertises(&self) -> bool {
+        false
+    }
 
     /// Whether the store keeps `--once-per`'s rule and run record. The run
     /// form refuses `--once-per` on a store that does not, before anything
@@ -290,8 +300,10 @@ pub(crate) trait Backend {
     ) -> Result<bool, StoreError>;
 
     /// Give the lease up. With `keep` > 0 the holder stays recorded and the
-    /// lease ends `keep` from now (for `--min-hold`); otherwise it is free at
-    /// once. `false` when it was no longer `key`'s at `epoch`.
+    /// lease ends `keep` from now (for `--min-hold`), marked as kept (the
+    /// run has ended: [`LeaseInfo::kept`]) where the store can record it;
+    /// otherwise it is free at once. `false` when it was no longer `key`'s
+    /// at `epoch`.
     async fn release(
         &mut self,
         key: &LeaseKey,
@@ -351,6 +363,11 @@ impl Store {
     /// Whether the store keeps `--once-per`'s rule and record.
     pub fn once_per(&self) -> bool {
         each!(self, b => b.once_per())
+    }
+
+    /// Whether the store keeps an `--advertise` value with the lease.
+    pub fn advertises(&self) -> bool {
+        each!(self, b => b.advertises())
     }
 
     /// The kind of store, as the refusal of a flag it lacks names it.
@@ -420,6 +437,7 @@ impl Store {
             key: LeaseKey {
                 name: name.into(),
                 holder: holder.into(),
+                advertise: None,
             },
             half_period: None,
             ending: None,
@@ -509,6 +527,12 @@ impl Lock {
     /// A subscription to "this lease was freed", where the store pushes.
     pub fn wakeups(&self) -> Option<Subscription> {
         self.store.wakeups(&self.key.name)
+    }
+
+    /// Store `value` with every grant this lock takes (`--advertise`). The
+    /// run form has checked that the store keeps it.
+    pub fn advertise(&mut self, value: String) {
+        self.key.advertise = Some(value);
     }
 
     /// Acquire under `--once-per` with this half period: every acquire

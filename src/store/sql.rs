@@ -178,18 +178,39 @@ pub(crate) fn millis(d: Duration) -> i64 {
 }
 
 /// A `LeaseInfo` from a row whose first four columns are name, holder,
-/// epoch and milliseconds to expiry (each store's `COLUMNS`).
+/// epoch and milliseconds to expiry (each store's `COLUMNS`), followed by
+/// the table's own columns (`*`): of those, the lease's values (`advertised`
+/// with `advertised_epoch`, and `kept_epoch`: each tied to the epoch it was
+/// written at) are read by name where the table has them. A table made before them (which keeps
+/// working for every run without `--advertise`) has none, and a value
+/// written by hand that does not decode is no value: `status` must list
+/// such a lease, not fail.
 pub(crate) fn lease_info<R: sqlx::Row>(r: &R) -> Result<LeaseInfo, sqlx::Error>
 where
     usize: sqlx::ColumnIndex<R>,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
+    let epoch: i64 = r.try_get(2)?;
+    let holder: Option<String> = r.try_get(1)?;
+    let at = |c: &str| r.try_get::<Option<i64>, _>(c).ok().flatten();
+    // Values of an earlier tenure stay in the row until overwritten, and
+    // are not this one's: each is shown only at the epoch it was written at.
+    let advertised = match at("advertised_epoch") {
+        Some(e) if e == epoch && holder.is_some() => {
+            r.try_get::<Option<String>, _>("advertised").ok().flatten()
+        }
+        _ => None,
+    };
+    let kept = holder.is_some() && at("kept_epoch") == Some(epoch);
     Ok(LeaseInfo {
         name: r.try_get(0)?,
-        holder: r.try_get(1)?,
-        epoch: r.try_get(2)?,
+        holder,
+        epoch,
         expires_in_ms: Some(r.try_get(3)?),
+        advertised,
+        kept,
     })
 }
 

@@ -188,6 +188,9 @@ struct Line<'a> {
     outcome: Option<&'a str>,
     live: bool,
     expires_in_ms: Option<i64>,
+    /// For `state` and `acquired`: the holder's `--advertise` value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    advertised: Option<&'a str>,
 }
 
 /// The lines for one read: `state` lines the first time, changes after.
@@ -210,6 +213,7 @@ impl Printer {
                 outcome: None,
                 live: l.is_some_and(held),
                 expires_in_ms: l.and_then(LeaseInfo::expires_in_ms_shown),
+                advertised: l.and_then(|l| l.advertised.as_deref()),
             });
         }
         let name = crate::names::printable(name);
@@ -217,9 +221,10 @@ impl Printer {
             None => format!("{time} {name}: no such lease yet"),
             Some(l) => match (&l.holder, held(l)) {
                 (Some(h), true) => format!(
-                    "{time} {name} held by {} at epoch {}",
+                    "{time} {name} held by {} at epoch {}{}",
                     crate::names::printable(h),
-                    l.epoch
+                    l.epoch,
+                    advertising(l)
                 ),
                 _ => format!("{time} {name} free (last epoch {})", l.epoch),
             },
@@ -256,13 +261,18 @@ impl Printer {
                 outcome: None,
                 live: cur.is_some_and(held),
                 expires_in_ms: cur.and_then(LeaseInfo::expires_in_ms_shown),
+                advertised: match c {
+                    Change::Acquired { .. } => cur.and_then(|l| l.advertised.as_deref()),
+                    _ => None,
+                },
             });
         }
         let name = crate::names::printable(name);
         let holder = holder.map_or("an unseen holder".into(), crate::names::printable);
         match c {
             Change::Acquired { .. } => {
-                format!("{time} {name} acquired by {holder} at epoch {epoch}")
+                let adv = cur.map_or(String::new(), advertising);
+                format!("{time} {name} acquired by {holder} at epoch {epoch}{adv}")
             }
             Change::Released { .. } => {
                 format!("{time} {name} released by {holder} at epoch {epoch}")
@@ -284,6 +294,13 @@ impl Printer {
         // fail, and a line is never dropped for it.
         serde_json::to_string(&line).unwrap_or_default()
     }
+}
+
+/// `, advertising VALUE` where the holder advertises one.
+fn advertising(l: &LeaseInfo) -> String {
+    l.advertised.as_deref().map_or(String::new(), |a| {
+        format!(", advertising {}", crate::names::printable(a))
+    })
 }
 
 fn now_text() -> String {
@@ -460,6 +477,7 @@ mod tests {
             holder: holder.map(str::to_string),
             epoch,
             expires_in_ms: ms,
+            ..LeaseInfo::default()
         }
     }
 

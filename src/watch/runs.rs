@@ -70,6 +70,7 @@ impl Printer {
                 outcome: Some(outcome),
                 live: false,
                 expires_in_ms: None,
+                advertised: None,
             });
         }
         format!(

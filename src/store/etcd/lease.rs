@@ -413,6 +413,7 @@ impl Members {
                     // end, so a key etcd still keeps never reads as expired
                     // (TTL 0 means under a second, not gone; -1 is gone).
                     expires_in_ms: Some(left.saturating_add(1).saturating_mul(1000)),
+                    ..LeaseInfo::default()
                 })
             }
             None => counter.map(|epoch| LeaseInfo {
@@ -420,6 +421,7 @@ impl Members {
                 holder: None,
                 epoch,
                 expires_in_ms: None,
+                ..LeaseInfo::default()
             }),
         })
     }

@@ -309,10 +309,16 @@ impl PgStore {
         }
         let ms = millis(lease);
         let half_ms = half.map(millis);
+        let values = match &key.advertise {
+            Some(a) => taken_values_sql(name, holder, a).map_err(|e| self.s.c.classify(WHAT, e))?,
+            None => String::new(),
+        };
         let ran = self
-            .run(timeout, WHAT, true, |cols| match half_ms {
-                Some(h) => acquire_once_sql(name, holder, ms, h, cols),
-                None => acquire_sql(name, holder, ms, cols),
+            .run(timeout, WHAT, true, |cols| {
+                Ok(match half_ms {
+                    Some(h) => acquire_once_sql(name, holder, ms, h, cols)?,
+                    None => acquire_sql(name, holder, ms, cols)?,
+                } + &values)
             })
             .await?;
         let tag = |r: &PgRow| r.try_get::<String, _>(0).unwrap_or_default();
@@ -368,11 +374,49 @@ impl PgStore {
         )))
     }
 
-    /// A `--once-per` acquire that found the table without the run
-    /// record's columns (made by an earlier release): add them, where this
-    /// login may (the table's owner), and say so; where it may not, a
-    /// refusal that names the one statement to run. A run without
-    /// `--once-per` never gets here: the table works for it as it is.
+    /// Release (with `ending`, also the run record's end), and the lease's
+    /// values in the same transaction where the run has any to write: a
+    /// `--min-hold` keep marks the tenure ended, an advertised value goes
+    /// with a freed lease. A table without the values' columns (an older
+    /// release's, which only a plain run can have taken) gets the plain
+    /// release: `status` cannot tell a kept lease there, and says held.
+    async fn release_in(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        ending: Option<&str>,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        const WHAT: &str = "cannot release in";
+        let (name, holder) = (key.name.as_str(), key.holder.as_str());
+        let ms = millis(keep);
+        let values = if ms > 0 || key.advertise.is_some() {
+            released_values_sql(name, epoch, ms).map_err(|e| self.s.c.classify(WHAT, e))?
+        } else {
+            String::new()
+        };
+        let with_values = self
+            .update(WHAT, timeout, |cols| {
+                Ok(release_sql(name, holder, epoch, ms, ending, cols)? + &values)
+            })
+            .await;
+        match with_values {
+            Err(e) if !values.is_empty() && lacks_column(&e) => {
+                self.update(WHAT, timeout, |cols| {
+                    release_sql(name, holder, epoch, ms, ending, cols)
+                })
+                .await
+            }
+            done => done,
+        }
+    }
+
+    /// A `--once-per` or `--advertise` acquire that found the table
+    /// without the columns it writes (made by an earlier release): add
+    /// them, where this login may (the table's owner), and say so; where it
+    /// may not, a refusal that names the one statement to run. A run
+    /// without either never gets here: the table works for it as it is.
     async fn add_run_columns(&mut self, timeout: Duration) -> Result<(), StoreError> {
         match self
             .run(
@@ -386,15 +430,15 @@ impl PgStore {
             Ok(_) => {
                 tracing::info!(
                     event = "store_schema",
-                    "added the run record's columns to leader_lease (for --once-per)"
+                    "added the missing columns to leader_lease (for --once-per, --advertise)"
                 );
                 Ok(())
             }
             Err(e) if e.may_heal() => Err(e),
             Err(e) => Err(StoreError::fatal(format!(
                 "{e}: table leader_lease was made by an earlier release and lacks the columns \
-                 --once-per keeps its run record in; run `{UPGRADE_SQL}` as the table's owner \
-                 (or `leaderrun init` as it)"
+                 --once-per and --advertise keep their values in; run `{UPGRADE_SQL}` as the \
+                 table's owner (or `leaderrun init` as it)"
             ))),
         }
     }
@@ -415,7 +459,19 @@ impl Backend for PgStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
-        Ok(self.acquire_in(key, lease, None, timeout).await?.epoch())
+        let got = match self.acquire_in(key, lease, None, timeout).await {
+            // Only `--advertise` names a column a plain acquire does not.
+            Err(e) if key.advertise.is_some() && lacks_column(&e) => {
+                self.add_run_columns(timeout).await?;
+                self.acquire_in(key, lease, None, timeout).await
+            }
+            done => done,
+        };
+        Ok(got?.epoch())
+    }
+
+    fn advertises(&self) -> bool {
+        true
     }
 
     fn once_per(&self) -> bool {
@@ -446,12 +502,9 @@ impl Backend for PgStore {
         outcome: Outcome,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder) = (key.name.as_str(), key.holder.as_str());
-        let (ms, outcome) = (millis(keep), outcome.to_string());
-        self.update("cannot release in", timeout, |cols| {
-            release_sql(name, holder, epoch, ms, Some(&outcome), cols)
-        })
-        .await
+        let outcome = outcome.to_string();
+        self.release_in(key, epoch, keep, Some(&outcome), timeout)
+            .await
     }
 
     async fn run_records(
@@ -516,12 +569,7 @@ impl Backend for PgStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder) = (key.name.as_str(), key.holder.as_str());
-        let ms = millis(keep);
-        self.update("cannot release in", timeout, |cols| {
-            release_sql(name, holder, epoch, ms, None, cols)
-        })
-        .await
+        self.release_in(key, epoch, keep, None, timeout).await
     }
 
     async fn inspect(

@@ -16,16 +16,21 @@ macro_rules! table_sql {
     run_ended_at   timestamptz,
     run_holder     text,
     run_epoch      bigint,
-    run_outcome    text
+    run_outcome    text,
+    advertised       text,
+    advertised_epoch bigint,
+    kept_epoch       bigint
 )"
     };
 }
 
-/// Brings a table made by an older release (without `timeline`, or without
-/// the run record's columns, `run_*`, that `--once-per` keeps) up to date,
-/// in one statement; idempotent. Needs the table's owner (ALTER); a role
-/// with only SELECT, INSERT, UPDATE keeps working without it for every run
-/// but a `--once-per` one (see [`Columns`]), which names this statement.
+/// Brings a table made by an older release (without `timeline`, without
+/// the run record's columns, `run_*`, that `--once-per` keeps, or without
+/// the lease's values, the values `sql::lease_info` reads) up to date, in one statement;
+/// idempotent. Needs the table's owner (ALTER); a role with only SELECT,
+/// INSERT, UPDATE keeps working without it for every run but a
+/// `--once-per` or `--advertise` one (see [`Columns`]), which names this
+/// statement.
 macro_rules! upgrade_sql {
     () => {
         "ALTER TABLE leader_lease ADD COLUMN IF NOT EXISTS timeline bigint, \
@@ -33,7 +38,10 @@ ADD COLUMN IF NOT EXISTS run_started_at timestamptz, \
 ADD COLUMN IF NOT EXISTS run_ended_at timestamptz, \
 ADD COLUMN IF NOT EXISTS run_holder text, \
 ADD COLUMN IF NOT EXISTS run_epoch bigint, \
-ADD COLUMN IF NOT EXISTS run_outcome text"
+ADD COLUMN IF NOT EXISTS run_outcome text, \
+ADD COLUMN IF NOT EXISTS advertised text, \
+ADD COLUMN IF NOT EXISTS advertised_epoch bigint, \
+ADD COLUMN IF NOT EXISTS kept_epoch bigint"
     };
 }
 
@@ -55,8 +63,8 @@ pub(super) const EXISTS_SQL: &str =
 pub(super) const HAS_COLUMNS_SQL: &str = "SELECT count(*)::int8 FROM pg_attribute
     WHERE attrelid = to_regclass('leader_lease') AND NOT attisdropped
       AND attname IN ('timeline', 'run_started_at', 'run_ended_at', 'run_holder', 'run_epoch',
-                      'run_outcome')";
-pub(super) const UPGRADE_COLUMNS: i64 = 6;
+                      'run_outcome', 'advertised', 'advertised_epoch', 'kept_epoch')";
+pub(super) const UPGRADE_COLUMNS: i64 = 9;
 
 /// The server's WAL timeline: the first 8 hex digits of the name of the WAL
 /// file being written. It changes the moment a standby is promoted (the
@@ -301,15 +309,61 @@ pub(super) fn release_sql(
     ))
 }
 
-/// What `LeaseInfo` is read from (see `sql::lease_info`). The remaining time
-/// is clamped to ±10 years, so a row holding `infinity` (written by hand)
-/// still lists.
+/// What `LeaseInfo` is read from (see `sql::lease_info`: the table's own
+/// columns follow, for the values a table may or may not have yet). The
+/// remaining time is clamped to ±10 years, so a row holding `infinity`
+/// (written by hand) still lists.
 macro_rules! columns {
     () => {
         "name, holder, epoch,
         (extract(epoch FROM (least(greatest(expires_at, now() - interval '10 years'),
-                                   now() + interval '10 years') - now())) * 1000)::bigint"
+                                   now() + interval '10 years') - now())) * 1000)::bigint,
+        leader_lease.*"
     };
+}
+
+// The lease's values (`sql::lease_info`), each a statement appended to
+// an acquire or a release in the same one-message transaction, so the value
+// is there from the commit that takes the lease and gone with the one that
+// frees it. They name columns a table made by an older release lacks: only
+// a run that needs them sends them (`--advertise`, a `--min-hold` keep).
+
+/// After an acquire: the taken tenure's `--advertise` value. It matches
+/// only a row this holder holds, which it does only if the acquire took it
+/// (a holder id is one process's, and a process acquires only when it
+/// holds nothing).
+pub(super) fn taken_values_sql(
+    name: &str,
+    holder: &str,
+    advertise: &str,
+) -> Result<String, sqlx::Error> {
+    Ok(format!(
+        ";
+     UPDATE leader_lease SET advertised = {}, advertised_epoch = epoch, kept_epoch = NULL
+      WHERE name = {} AND holder = {}",
+        text(advertise)?,
+        text(name)?,
+        text(holder)?
+    ))
+}
+
+/// After a release of the grant at `epoch`: kept (`keep` > 0) the tenure
+/// is marked ended (its run is over; only `--min-hold` holds the lease);
+/// freed, its advertised value goes with it.
+pub(super) fn released_values_sql(
+    name: &str,
+    epoch: i64,
+    keep: i64,
+) -> Result<String, sqlx::Error> {
+    Ok(format!(
+        ";
+     UPDATE leader_lease
+        SET kept_epoch = CASE WHEN {keep}::bigint > 0 THEN epoch END,
+            advertised = CASE WHEN {keep}::bigint > 0 THEN advertised END,
+            advertised_epoch = CASE WHEN {keep}::bigint > 0 THEN advertised_epoch END
+      WHERE name = {} AND epoch = {epoch}",
+        text(name)?
+    ))
 }
 
 /// The run records (`--once-per`): start and end by the server's clock, as

@@ -311,6 +311,7 @@ pub(super) fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, Sto
                 epoch,
                 // -1: a key without expiry, which only a hand-made key has.
                 expires_in_ms: Some(if pttl >= 0 { pttl } else { i64::MAX }),
+                ..LeaseInfo::default()
             })
         }
         // Free (released or expired): the counter still says which epoch
@@ -320,6 +321,7 @@ pub(super) fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, Sto
             holder: None,
             epoch,
             expires_in_ms: None,
+            ..LeaseInfo::default()
         }),
         (None, None) => None,
     })

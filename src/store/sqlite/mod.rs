@@ -334,6 +334,7 @@ impl SqliteStore {
         what: &str,
         (key, epoch, d): (&LeaseKey, i64, Duration),
         ending: Option<&str>,
+        release: bool,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
         let ms = millis(d);
@@ -360,8 +361,14 @@ impl SqliteStore {
                 .execute(&mut conn)
                 .await
                 .map_err(|e| self.legacy.c.classify(what, e))?;
+            let matched = done.rows_affected() == 1;
+            if matched && release {
+                released_values(&mut conn, key, epoch, ms, &file)
+                    .await
+                    .map_err(|e| self.legacy.c.classify(what, e))?;
+            }
             self.commit(file.clone(), conn, what).await?;
-            Ok(done.rows_affected() == 1)
+            Ok(matched)
         };
         bounded(&shown, timeout, work).await
     }
@@ -996,6 +1003,11 @@ impl SqliteStore {
                 Some(half) => acquire_once_in(&mut conn, key, ms, millis(half), &boot, &file).await,
             }
             .map_err(|e| sql::error(&self.legacy.c, what, e))?;
+            if let Acquired::Taken(_) = got {
+                taken_values(&mut conn, key, &file)
+                    .await
+                    .map_err(|e| sql::error(&self.legacy.c, what, e))?;
+            }
             self.commit(file.clone(), conn, what).await?;
             Ok(got)
         };
@@ -1022,6 +1034,7 @@ impl SqliteStore {
                 "cannot release in",
                 (key, epoch, keep),
                 ending,
+                true,
                 timeout,
             )
             .await?;
@@ -1157,6 +1170,66 @@ async fn add_run_columns(conn: &mut SqliteConnection, file: &Path) -> Result<(),
     Ok(())
 }
 
+/// After a take, inside its transaction: the new tenure's `--advertise`
+/// value (or none: an earlier tenure's must not linger), no end yet. A
+/// file made before these columns gets them first: the file is this
+/// host's, and an older leaderrun names none of them.
+async fn taken_values(
+    conn: &mut SqliteConnection,
+    key: &LeaseKey,
+    file: &Path,
+) -> Result<(), sqlx::Error> {
+    add_value_columns(conn, file).await?;
+    sqlx::query(TAKEN_VALUES_SQL)
+        .bind(&key.name)
+        .bind(key.advertise.as_deref())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// After a release of `key`'s grant at `epoch`, inside its transaction:
+/// kept (`--min-hold`, `keep_ms` > 0), the tenure is marked ended; freed,
+/// its value goes with it.
+async fn released_values(
+    conn: &mut SqliteConnection,
+    key: &LeaseKey,
+    epoch: i64,
+    keep_ms: i64,
+    file: &Path,
+) -> Result<(), sqlx::Error> {
+    add_value_columns(conn, file).await?;
+    sqlx::query(RELEASED_VALUES_SQL)
+        .bind(&key.name)
+        .bind(epoch)
+        .bind(keep_ms)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// The lease's value columns, where a file made before them lacks them,
+/// inside the caller's write transaction (as `add_run_columns`).
+async fn add_value_columns(conn: &mut SqliteConnection, file: &Path) -> Result<(), sqlx::Error> {
+    let have: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_table_info('leader_lease')")
+            .fetch_all(&mut *conn)
+            .await?;
+    for (col, ty) in VALUE_COLUMNS {
+        if !have.iter().any(|h| h == col) {
+            sqlx::raw_sql(&format!("ALTER TABLE leader_lease ADD COLUMN {col} {ty}"))
+                .execute(&mut *conn)
+                .await?;
+            tracing::debug!(
+                event = "store_schema",
+                "added column {col} to {}",
+                file.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// A run record from a row of `RUN_RECORDS_SQL`.
 fn run_record(r: &sqlx::sqlite::SqliteRow) -> Result<RunRecord, sqlx::Error> {
     Ok(RunRecord {
@@ -1193,6 +1266,7 @@ impl Backend for SqliteStore {
             "cannot renew in",
             (key, epoch, lease),
             None,
+            false,
             timeout,
         )
         .await
@@ -1206,6 +1280,10 @@ impl Backend for SqliteStore {
         timeout: Duration,
     ) -> Result<bool, StoreError> {
         self.release_in(key, epoch, keep, None, timeout).await
+    }
+
+    fn advertises(&self) -> bool {
+        true
     }
 
     fn once_per(&self) -> bool {

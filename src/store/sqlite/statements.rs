@@ -19,8 +19,37 @@ pub const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
     run_ended_wall   INTEGER,
     run_holder       TEXT,
     run_epoch        INTEGER,
-    run_outcome      TEXT
+    run_outcome      TEXT,
+    advertised       TEXT,    -- --advertise, of the tenure at advertised_epoch
+    advertised_epoch INTEGER,
+    kept_epoch       INTEGER  -- the tenure whose run ended: only --min-hold keeps it
 )";
+
+/// The lease's values (`sql::lease_info`) and their types: a lease file
+/// made before them gets them at its next acquire or release by this
+/// release (`add_value_columns`), inside that write's transaction; an
+/// older leaderrun's statements name none of them.
+pub(super) const VALUE_COLUMNS: [(&str, &str); 3] = [
+    ("advertised", "TEXT"),
+    ("advertised_epoch", "INTEGER"),
+    ("kept_epoch", "INTEGER"),
+];
+
+// After a take, in the same transaction: this tenure's value (or none), and
+// no end yet. ?1 name, ?2 the `--advertise` value or NULL.
+pub(super) const TAKEN_VALUES_SQL: &str = "UPDATE leader_lease
+        SET advertised = ?2, advertised_epoch = CASE WHEN ?2 IS NULL THEN NULL ELSE epoch END,
+            kept_epoch = NULL
+      WHERE name = ?1";
+
+// After a release that matched, in the same transaction: with a keep
+// (`--min-hold`) the tenure is marked ended and keeps its value, which goes
+// with the lease; freed, the value goes at once. ?1 name, ?2 epoch, ?3 keep ms.
+pub(super) const RELEASED_VALUES_SQL: &str = "UPDATE leader_lease
+        SET kept_epoch = CASE WHEN ?3 > 0 THEN ?2 END,
+            advertised = CASE WHEN ?3 > 0 THEN advertised END,
+            advertised_epoch = CASE WHEN ?3 > 0 THEN advertised_epoch END
+      WHERE name = ?1 AND CAST(epoch AS INTEGER) = ?2";
 
 /// The run record's columns (`--once-per`) and their types: a lease file
 /// made before `--once-per` lacks them, and its first `--once-per` acquire
@@ -165,14 +194,15 @@ pub(super) const RUN_RECORDS_SQL: &str = "SELECT CAST(name AS TEXT), CAST(run_ho
    FROM leader_lease WHERE run_started_at IS NOT NULL AND (?4 IS NULL OR name = ?4)
   ORDER BY name";
 
-/// What `LeaseInfo` is read from (see `sql::lease_info`); ?1 now, ?2 boot
-/// id: a lease from another boot has expired.
+/// What `LeaseInfo` is read from (see `sql::lease_info`: the table's own
+/// columns follow, for the values a file may or may not have yet); ?1 now,
+/// ?2 boot id: a lease from another boot has expired.
 macro_rules! columns {
     () => {
         "CAST(name AS TEXT), CAST(holder AS TEXT), CAST(epoch AS INTEGER),
          CASE WHEN boot_id = ?2
               THEN min(max(CAST(expires_at AS INTEGER), ?1 - 315360000000), ?1 + 315360000000) - ?1
-              ELSE -1 END"
+              ELSE -1 END, *"
     };
 }
 

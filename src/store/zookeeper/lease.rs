@@ -470,6 +470,7 @@ impl Conn {
             holder,
             epoch,
             expires_in_ms,
+            ..LeaseInfo::default()
         }))
     }
 
