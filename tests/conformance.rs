@@ -629,7 +629,14 @@ macro_rules! values {
 }
 
 mod values {
-    values!(postgres, sqlite, pgbouncer_transaction, pgbouncer_session);
+    values!(
+        postgres,
+        sqlite,
+        mysql,
+        redis,
+        pgbouncer_transaction,
+        pgbouncer_session
+    );
 }
 
 mod once_per {

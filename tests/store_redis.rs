@@ -596,7 +596,14 @@ fn the_documented_acl_is_enough() {
     c.args(["status", "--store", &url]);
     let st = run(c);
     assert_eq!(st.code, Some(0), "{}", st.stderr);
-    assert!(st.stdout.contains("held, expires in"), "{}", st.stdout);
+    // Told from a running tenure: the run has ended (the values key, under
+    // the same ACL).
+    assert!(
+        st.stdout
+            .contains("kept by --min-hold (run ended), expires in"),
+        "{}",
+        st.stdout
+    );
     let mut c = leaderrun();
     c.args(["release", "--store", &url, "--name", "acl"]);
     let rel = run(c);

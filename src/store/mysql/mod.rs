@@ -73,7 +73,7 @@ use tokio::time::Instant;
 
 use self::semisync::*;
 use self::statements::*;
-pub use self::statements::{SCHEMA, TABLE_SQL, UPGRADE_SQL};
+pub use self::statements::{SCHEMA, TABLE_SQL, UPGRADE_SQL, VALUES_UPGRADE_SQL};
 use super::session::{Connect, Session};
 use super::sql::{self, lease_info, millis, Dialect};
 use super::{
@@ -206,6 +206,7 @@ impl Dialect for My {
 const GRANT: &str = "GRANT SELECT, INSERT, UPDATE ON <database>.leader_lease TO <login>";
 
 /// What [`MySqlStore::update`] binds before name, holder and epoch.
+#[derive(Clone)]
 enum Param {
     Micros(i64),
     Text(String),
@@ -226,8 +227,7 @@ fn denied(e: &sqlx::Error) -> bool {
 /// [`TAKE_ONCE_SQL`] takes lease and period and writes the run's start.
 async fn take(
     c: &mut MySqlConnection,
-    name: &str,
-    holder: &str,
+    (name, holder, advertise): (&str, &str, Option<&str>),
     us: i64,
     half: Option<i64>,
 ) -> Result<Acquired, sqlx::Error> {
@@ -277,6 +277,13 @@ async fn take(
         .fetch_one(&mut *tx)
         .await?
         .try_get(0)?;
+    if let Some(value) = advertise {
+        sqlx::query(TAKEN_VALUES_SQL)
+            .bind(value)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+    }
     tx.commit().await?;
     Ok(Acquired::Taken(epoch))
 }
@@ -297,19 +304,18 @@ async fn table_visible(c: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
 /// may have created it).
 async fn take_or_create(
     c: &mut MySqlConnection,
-    name: &str,
-    holder: &str,
+    key: (&str, &str, Option<&str>),
     us: i64,
     half: Option<i64>,
 ) -> Result<Result<Acquired, Refusal>, sqlx::Error> {
-    match take(c, name, holder, us, half).await {
+    match take(c, key, us, half).await {
         Err(e) if matches!(number(&e), Some(NO_SUCH_TABLE | 1142)) => {
             if table_visible(c).await? {
                 // Missing a moment ago and there now: a racing first user
                 // created it (a cron fleet's first firing), so try again.
                 // Seen but refused (1142) is no privilege on it.
                 if number(&e) == Some(NO_SUCH_TABLE) {
-                    return take(c, name, holder, us, half).await.map(Ok);
+                    return take(c, key, us, half).await.map(Ok);
                 }
                 return Err(e);
             }
@@ -317,7 +323,7 @@ async fn take_or_create(
         done => return done.map(Ok),
     }
     let created = sqlx::query(TABLE_SQL).execute(&mut *c).await;
-    match take(c, name, holder, us, half).await {
+    match take(c, key, us, half).await {
         Err(e) if matches!(number(&e), Some(NO_SUCH_TABLE | 1142)) => {
             Ok(Err(Refusal::Table(created.err())))
         }
@@ -431,6 +437,44 @@ impl MySqlStore {
 }
 
 impl MySqlStore {
+    /// Release with `plain` (its `params`, then name, holder, epoch), or,
+    /// where the run has values to write (a `--min-hold` keep marks the
+    /// tenure ended; an advertised value goes with a freed lease), with
+    /// `with_values`, the same statement that also sets them. A table
+    /// without their columns (an older release's, which only a plain run
+    /// can have taken) gets the plain statement: `status` cannot tell a
+    /// kept lease there, and says held.
+    async fn release_in(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        (plain, with_values): (&'static str, &'static str),
+        params: Vec<Param>,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        const WHAT: &str = "cannot release in";
+        let grant = (key.name.as_str(), key.holder.as_str(), epoch);
+        if keep.is_zero() && key.advertise.is_none() {
+            return self
+                .update(WHAT, plain, params, grant, false, timeout)
+                .await;
+        }
+        let us = micros(keep);
+        let mut all = vec![Param::Micros(us), Param::Micros(us), Param::Micros(us)];
+        all.extend(params.iter().cloned());
+        match self
+            .update(WHAT, with_values, all, grant, false, timeout)
+            .await
+        {
+            Err(e) if lacks_column(&e) => {
+                self.update(WHAT, plain, params, grant, false, timeout)
+                    .await
+            }
+            done => done,
+        }
+    }
+
     /// The acquire, plain or (with `half`) under `--once-per`'s rule.
     async fn acquire_in(
         &mut self,
@@ -440,6 +484,7 @@ impl MySqlStore {
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
         let (name, holder, us) = (key.name.as_str(), key.holder.as_str(), micros(lease));
+        let advertise = key.advertise.as_deref();
         let half = half.map(micros);
         let check = self.s.c.require_sync;
         let what = "cannot acquire in";
@@ -460,7 +505,7 @@ impl MySqlStore {
                     }
                     before = Some(st.no_tx);
                 }
-                let got = match take_or_create(c, name, holder, us, half).await? {
+                let got = match take_or_create(c, (name, holder, advertise), us, half).await? {
                     Ok(got) => got,
                     Err(r) => return Ok(Err(r)),
                 };
@@ -503,14 +548,14 @@ impl MySqlStore {
             Ok(Ok(())) => {
                 tracing::info!(
                     event = "store_schema",
-                    "added the run record's columns to leader_lease (for --once-per)"
+                    "added the missing columns to leader_lease (for --once-per, --advertise)"
                 );
                 Ok(())
             }
-            Ok(Err(e)) => Err(StoreError::fatal(format!(
+            Ok(Err((e, statement))) => Err(StoreError::fatal(format!(
                 "{what} the store {}: {e}: table leader_lease was made by an earlier release \
-                 and lacks the columns --once-per keeps its run record in; run `{UPGRADE_SQL}` \
-                 as a login with ALTER on it (or `leaderrun init` as it)",
+                 and lacks the columns --once-per and --advertise keep their values in; run \
+                 `{statement}` as a login with ALTER on it (or `leaderrun init` as it)",
                 self.s.c.shown()
             ))),
             Err(e) => Err(e),
@@ -518,23 +563,35 @@ impl MySqlStore {
     }
 }
 
-/// Add the run record's columns where the table lacks them. `Err` inside
-/// is the server's refusal for lack of a privilege, as it says it.
-async fn upgrade(c: &mut MySqlConnection) -> Result<Result<(), String>, sqlx::Error> {
-    let has: i64 = sqlx::query(HAS_COLUMNS_SQL)
-        .fetch_one(&mut *c)
-        .await?
-        .try_get(0)?;
-    if has >= UPGRADE_COLUMNS {
-        return Ok(Ok(()));
+/// What brings an earlier release's table up to date: each group of
+/// columns with the count that says whether the table has them all, and
+/// the one statement that adds them (MySQL has no `ADD COLUMN IF NOT
+/// EXISTS`, so each group is added whole, and only where it is missing).
+const UPGRADES: [(&str, i64, &str); 2] = [
+    (HAS_COLUMNS_SQL, UPGRADE_COLUMNS, UPGRADE_SQL),
+    (HAS_VALUE_COLUMNS_SQL, VALUE_COLUMNS, VALUES_UPGRADE_SQL),
+];
+
+/// Add the columns the table lacks (the run record's, the lease's values).
+/// `Err` inside is the server's refusal for lack of a privilege, as it says
+/// it, with the statement it refused.
+async fn upgrade(
+    c: &mut MySqlConnection,
+) -> Result<Result<(), (String, &'static str)>, sqlx::Error> {
+    for (count, all, statement) in UPGRADES {
+        let has: i64 = sqlx::query(count).fetch_one(&mut *c).await?.try_get(0)?;
+        if has >= all {
+            continue;
+        }
+        match sqlx::query(statement).execute(&mut *c).await {
+            Ok(_) => {}
+            Err(e) if denied(&e) => return Ok(Err((sql::message(&e), statement))),
+            // Another login added them between the count and the ALTER.
+            Err(e) if number(&e) == Some(DUPLICATE_COLUMN) => {}
+            Err(e) => return Err(e),
+        }
     }
-    match sqlx::query(UPGRADE_SQL).execute(&mut *c).await {
-        Ok(_) => Ok(Ok(())),
-        Err(e) if denied(&e) => Ok(Err(sql::message(&e))),
-        // Another login added them between the count and the ALTER.
-        Err(e) if number(&e) == Some(DUPLICATE_COLUMN) => Ok(Ok(())),
-        Err(e) => Err(e),
-    }
+    Ok(Ok(()))
 }
 
 /// ER_DUP_FIELDNAME.
@@ -555,7 +612,19 @@ impl Backend for MySqlStore {
         lease: Duration,
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
-        Ok(self.acquire_in(key, lease, None, timeout).await?.epoch())
+        let got = match self.acquire_in(key, lease, None, timeout).await {
+            // Only `--advertise` names a column a plain acquire does not.
+            Err(e) if key.advertise.is_some() && lacks_column(&e) => {
+                self.add_run_columns(timeout).await?;
+                self.acquire_in(key, lease, None, timeout).await
+            }
+            done => done,
+        };
+        Ok(got?.epoch())
+    }
+
+    fn advertises(&self) -> bool {
+        true
     }
 
     fn once_per(&self) -> bool {
@@ -586,21 +655,15 @@ impl Backend for MySqlStore {
         outcome: Outcome,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let us = micros(keep);
-        self.update(
-            "cannot release in",
-            RELEASE_ENDING_SQL,
-            vec![
-                Param::Text(outcome.to_string()),
-                Param::Micros(us),
-                Param::Micros(us),
-            ],
-            (name, holder, epoch),
-            false,
-            timeout,
-        )
-        .await
+        let params = vec![
+            Param::Text(outcome.to_string()),
+            Param::Micros(us),
+            Param::Micros(us),
+        ];
+        let sql = (RELEASE_ENDING_SQL, RELEASE_ENDING_VALUES_SQL);
+        self.release_in(key, epoch, keep, sql, params, timeout)
+            .await
     }
 
     async fn run_records(
@@ -666,17 +729,11 @@ impl Backend for MySqlStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let us = micros(keep);
-        self.update(
-            "cannot release in",
-            RELEASE_SQL,
-            vec![Param::Micros(us), Param::Micros(us)],
-            (name, holder, epoch),
-            false,
-            timeout,
-        )
-        .await
+        let params = vec![Param::Micros(us), Param::Micros(us)];
+        let sql = (RELEASE_SQL, RELEASE_VALUES_SQL);
+        self.release_in(key, epoch, keep, sql, params, timeout)
+            .await
     }
 
     async fn inspect(
@@ -726,11 +783,11 @@ impl Backend for MySqlStore {
                 // A login that may not alter the table keeps it as it is:
                 // it works for every run but a --once-per one, which names
                 // the statement.
-                if let Err(why) = upgrade(c).await? {
+                if let Err((why, statement)) = upgrade(c).await? {
                     tracing::info!(
                         event = "store_schema",
-                        "cannot add the run record's columns (--once-per) to leader_lease: \
-                         {why}; run `{UPGRADE_SQL}` as a login with ALTER on it"
+                        "cannot add the columns --once-per and --advertise need to \
+                         leader_lease: {why}; run `{statement}` as a login with ALTER on it"
                     );
                 }
                 let mut missing = Vec::new();

@@ -18,10 +18,35 @@ macro_rules! table_sql {
     run_ended_at   DATETIME(6) NULL, -- UTC
     run_holder     VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
     run_epoch      BIGINT NULL,
-    run_outcome    VARCHAR(64) CHARACTER SET utf8mb4 NULL
+    run_outcome    VARCHAR(64) CHARACTER SET utf8mb4 NULL,
+    advertised       VARCHAR(256) CHARACTER SET utf8mb4 NULL,
+    advertised_epoch BIGINT NULL,
+    kept_epoch       BIGINT NULL
 ) ENGINE = InnoDB"
     };
 }
+
+/// Adds the lease's values (`--advertise`, and the mark of a `--min-hold`
+/// keep: see `sql::lease_info`) to a table made by an earlier release, as
+/// [`UPGRADE_SQL`] adds the run record's; sent only when
+/// [`HAS_VALUE_COLUMNS_SQL`] counts fewer than [`VALUE_COLUMNS`]. A login
+/// without ALTER keeps working for every run but an `--advertise` one,
+/// which names this statement.
+macro_rules! values_upgrade_sql {
+    () => {
+        "ALTER TABLE leader_lease \
+ADD COLUMN advertised VARCHAR(256) CHARACTER SET utf8mb4 NULL, \
+ADD COLUMN advertised_epoch BIGINT NULL, \
+ADD COLUMN kept_epoch BIGINT NULL"
+    };
+}
+pub const VALUES_UPGRADE_SQL: &str = values_upgrade_sql!();
+
+/// How many of the columns [`VALUES_UPGRADE_SQL`] adds the table has.
+pub(super) const HAS_VALUE_COLUMNS_SQL: &str = "SELECT COUNT(*) FROM information_schema.columns
+      WHERE table_schema = DATABASE() AND table_name = 'leader_lease'
+        AND column_name IN ('advertised', 'advertised_epoch', 'kept_epoch')";
+pub(super) const VALUE_COLUMNS: i64 = 3;
 
 /// Adds the run record's columns to a table made by an earlier release, in
 /// one statement. MySQL has no `ADD COLUMN IF NOT EXISTS` (MariaDB has), so
@@ -50,9 +75,12 @@ pub const UPGRADE_SQL: &str = upgrade_sql!();
 pub const SCHEMA: Schema = Schema {
     dialect: "MySQL/MariaDB",
     sql: concat!(
-        "-- a table made by an earlier release lacks the run record's columns (--once-per),\n\
-         -- add them with (as a login with ALTER on it, once):\n-- ",
+        "-- a table made by an earlier release lacks the run record's columns (--once-per)\n\
+         -- or the lease's values (--advertise). Add what it lacks with (as a login with\n\
+         -- ALTER on it, once each):\n-- ",
         upgrade_sql!(),
+        "\n-- ",
+        values_upgrade_sql!(),
         "\n",
         table_sql!()
     ),
@@ -145,6 +173,36 @@ pub(super) const RELEASE_SQL: &str = "UPDATE leader_lease
             expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
       WHERE name = ? AND holder = ? AND epoch = ?";
 
+/// The lease's values as a release leaves them (before the release's own
+/// assignments, while `holder` is still the old one): kept (`--min-hold`,
+/// keep > 0) the tenure is marked ended and keeps its value, which goes
+/// with the lease; freed, the value goes at once. ? keep µs, three times.
+macro_rules! released_values {
+    () => {
+        "kept_epoch = IF(? > 0, epoch, NULL),
+            advertised = IF(? > 0, advertised, NULL),
+            advertised_epoch = IF(? > 0, advertised_epoch, NULL),
+            "
+    };
+}
+
+// RELEASE_SQL with the lease's values, for a run that has any to write (a
+// keep, or an advertised value). ? keep µs ×3, then as RELEASE_SQL.
+pub(super) const RELEASE_VALUES_SQL: &str = concat!(
+    "UPDATE leader_lease
+        SET ",
+    released_values!(),
+    "holder = IF(? > 0, holder, NULL),
+            expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+      WHERE name = ? AND holder = ? AND epoch = ?"
+);
+
+// After a take, in its transaction: the new tenure's `--advertise` value.
+// ? value, ? name
+pub(super) const TAKEN_VALUES_SQL: &str = "UPDATE leader_lease
+        SET advertised = ?, advertised_epoch = epoch, kept_epoch = NULL
+      WHERE name = ?";
+
 // RELEASE_SQL that also writes the run record's end and outcome, where the
 // record is this holder's at this epoch (compared with the row's own
 // `holder` and `epoch`, which the WHERE pins to ours). The record's columns
@@ -157,6 +215,20 @@ pub(super) const RELEASE_ENDING_SQL: &str = "UPDATE leader_lease
             holder = IF(? > 0, holder, NULL),
             expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
       WHERE name = ? AND holder = ? AND epoch = ?";
+
+// RELEASE_ENDING_SQL with the lease's values. ? keep µs ×3, then as
+// RELEASE_ENDING_SQL.
+pub(super) const RELEASE_ENDING_VALUES_SQL: &str = concat!(
+    "UPDATE leader_lease
+        SET ",
+    released_values!(),
+    "run_outcome = IF(run_holder <=> holder AND run_epoch <=> epoch, ?, run_outcome),
+            run_ended_at = IF(run_holder <=> holder AND run_epoch <=> epoch,
+                              UTC_TIMESTAMP(6), run_ended_at),
+            holder = IF(? > 0, holder, NULL),
+            expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+      WHERE name = ? AND holder = ? AND epoch = ?"
+);
 
 /// A `DATETIME(6)` column as RFC 3339 in UTC, to the millisecond.
 macro_rules! rfc3339 {
@@ -198,7 +270,8 @@ pub(super) const RUN_RECORDS_SQL: &str = concat!(
       ORDER BY name"
 );
 
-/// What `LeaseInfo` is read from (see `sql::lease_info`). Name and holder
+/// What `LeaseInfo` is read from (see `sql::lease_info`: the table's own
+/// columns follow, for the values a table may or may not have). Name and holder
 /// are converted to a non-binary collation, which the driver decodes as
 /// text (a `_bin` column reaches it flagged binary); the remaining time is
 /// clamped to ±10 years, and a zero date (possible under a lax `sql_mode`)
@@ -208,7 +281,8 @@ macro_rules! columns {
         "CONVERT(name USING utf8mb4), CONVERT(holder USING utf8mb4), epoch,
          CAST(COALESCE(GREATEST(LEAST(
              TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) DIV 1000,
-             315360000000), -315360000000), -315360000000) AS SIGNED)"
+             315360000000), -315360000000), -315360000000) AS SIGNED),
+         leader_lease.*"
     };
 }
 

@@ -140,7 +140,7 @@ impl RedisStore {
             .await
     }
 
-    /// One script on the lease's two keys.
+    /// One script on the lease's keys: lease, epoch, values.
     async fn script(
         &mut self,
         timeout: Duration,
@@ -149,7 +149,7 @@ impl RedisStore {
         name: &str,
         args: Vec<String>,
     ) -> Result<Value, StoreError> {
-        let keys = [lease_key(name), epoch_key(name)];
+        let keys = [lease_key(name), epoch_key(name), value_key(name)];
         self.call(timeout, what, async |c, _| eval(c, lua, &keys, &args).await)
             .await
     }
@@ -282,6 +282,9 @@ impl RedisStore {
             }
             None => &ACQUIRE,
         };
+        // The values key and the advertised value go last (scripts.rs).
+        keys.push(value_key(name));
+        args.push(key.advertise.clone().unwrap_or_default());
         let taken = self
             .call(timeout, "cannot acquire in", async move |c, deadline| {
                 let start = Instant::now();
@@ -317,7 +320,12 @@ impl RedisStore {
                                     args[0].clone(),
                                     epoch.to_string(),
                                 ]);
-                                let ks = [keys[0].clone(), keys[2].clone(), keys[3].clone()];
+                                let ks = [
+                                    keys[0].clone(),
+                                    keys[2].clone(),
+                                    keys[3].clone(),
+                                    keys[keys.len() - 1].clone(),
+                                ];
                                 eval(c, &RELEASE_ENDING, &ks, &back).await
                             }
                             None => eval(c, &RELEASE, &keys, &back).await,
@@ -443,6 +451,10 @@ impl Backend for RedisStore {
         Ok(self.acquire_in(key, lease, None, timeout).await?.epoch())
     }
 
+    fn advertises(&self) -> bool {
+        true
+    }
+
     fn once_per(&self) -> bool {
         true
     }
@@ -478,7 +490,12 @@ impl Backend for RedisStore {
         timeout: Duration,
     ) -> Result<bool, StoreError> {
         let (name, holder) = (key.name.as_str(), key.holder.as_str());
-        let keys = [lease_key(name), period_key(name), run_key(name)];
+        let keys = [
+            lease_key(name),
+            period_key(name),
+            run_key(name),
+            value_key(name),
+        ];
         let args = [
             lease_value(epoch, holder),
             millis(keep).to_string(),
@@ -536,7 +553,7 @@ impl Backend for RedisStore {
             .map(|g| g.primary.clone())
             .unwrap_or_default();
         let (run_id, replid) = (primary.run_id.clone(), primary.replid.clone());
-        let keys = [lease_key(name)];
+        let keys = [lease_key(name), value_key(name)];
         let args = vec![
             lease_value(epoch, holder),
             millis(lease).max(1).to_string(),

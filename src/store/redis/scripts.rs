@@ -8,18 +8,70 @@ use ::redis::{ErrorKind, RedisError, Value};
 use super::server::Server;
 use crate::store::{LeaseInfo, StoreError};
 
-/// `KEYS[1]` lease, `KEYS[2]` epoch; `ARGV[1]` holder, `ARGV[2]` lease ms.
+/// The lease's values (`--advertise`, and the mark of a `--min-hold` keep)
+/// live in a key of their own beside the lease, `VALUE_SUFFIX`, always the
+/// *last* key a script is given, as `EPOCH:r:TEXT` while the tenure runs
+/// and `EPOCH:k:TEXT` once its run has ended and only a keep holds it
+/// (`TEXT` empty: nothing advertised). It lives exactly as the lease does:
+/// written with the lease's `PX` by the taking script (deleted there when
+/// nothing is advertised, so no earlier tenure's value lingers), extended
+/// by every renewal, given the keep's `PX` or deleted by the release. Its
+/// commands (`SET`, `PEXPIRE`, `DEL`) and key pattern are the ones the ACL
+/// of docs/stores.md already grants.
+///
+/// After a take (`e` the new epoch, `ARGV[2]` the lease ms): the value,
+/// `ARGV[#ARGV]` ('' for none).
+macro_rules! taken_values {
+    () => {
+        r"
+if ARGV[#ARGV] ~= '' then
+  redis.call('SET', KEYS[#KEYS], e .. ':r:' .. ARGV[#ARGV], 'PX', ARGV[2])
+else
+  redis.call('DEL', KEYS[#KEYS])
+end
+"
+    };
+}
+
+/// After a release that matched (`ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` keep
+/// ms): kept, the tenure is marked ended with its value; freed, the value
+/// goes.
+macro_rules! released_values {
+    () => {
+        r"
+if tonumber(ARGV[2]) > 0 then
+  local e = string.match(ARGV[1], '^(-?%d+):') or ''
+  local v = redis.call('GET', KEYS[#KEYS])
+  local text = ''
+  if v and string.sub(v, 1, string.len(e) + 3) == e .. ':r:' then
+    text = string.sub(v, string.len(e) + 4)
+  end
+  redis.call('SET', KEYS[#KEYS], e .. ':k:' .. text, 'PX', ARGV[2])
+else
+  redis.call('DEL', KEYS[#KEYS])
+end
+"
+    };
+}
+
+/// `KEYS[1]` lease, `KEYS[2]` epoch, `KEYS[3]` values; `ARGV[1]` holder,
+/// `ARGV[2]` lease ms, `ARGV[3]` the advertised value ('' for none).
 /// Returns nil when the lease is held; otherwise the new epoch and what the
 /// server that took it says about itself (`INFO server`, `replication`,
 /// `persistence`), read in the same atomic step: the identity recorded is
 /// that of the server that made the write.
-pub(super) const ACQUIRE_LUA: &str = r"
+pub(super) const ACQUIRE_LUA: &str = concat!(
+    r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return false end
 local e = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], e .. ':' .. ARGV[1], 'PX', ARGV[2])
+",
+    taken_values!(),
+    r"
 return {e, redis.call('INFO', 'server'), redis.call('INFO', 'replication'),
   redis.call('INFO', 'persistence')}
-";
+"
+);
 
 /// The server's clock in milliseconds (`TIME`), as a Lua integer. A
 /// script that reads `TIME` and then writes is replicated by its effects
@@ -34,8 +86,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 }
 
 /// `--once-per` (docs/stores.md, "Once per period"). `KEYS[1]` lease,
-/// `KEYS[2]` epoch, `KEYS[3]` period, `KEYS[4]` run record; `ARGV[1]`
-/// holder, `ARGV[2]` lease ms, `ARGV[3]` half period ms. There is no clock
+/// `KEYS[2]` epoch, `KEYS[3]` period, `KEYS[4]` run record, the values
+/// last; `ARGV[1]` holder, `ARGV[2]` lease ms, `ARGV[3]` half period ms,
+/// the advertised value last. There is no clock
 /// to compare a stored start with but Redis's own expiry, so "a run started
 /// less than half a period ago" *is* the period key, which the taking
 /// script writes `PX half` beside the lease (`START_MS:EPOCH`). Returns
@@ -57,12 +110,15 @@ redis.call('SET', KEYS[1], e .. ':' .. ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[3], string.format('%d:%d', now, e), 'PX', ARGV[3], 'NX')
 redis.call('DEL', KEYS[4])
 redis.call('HSET', KEYS[4], 'started', string.format('%d', now), 'holder', ARGV[1], 'epoch', e)
+",
+    taken_values!(),
+    r"
 return {e, redis.call('INFO', 'server'), redis.call('INFO', 'replication'),
   redis.call('INFO', 'persistence')}
 "
 );
 
-/// `KEYS[1]` lease; `ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` lease ms, `ARGV[3]`
+/// `KEYS[1]` lease, `KEYS[2]` values; `ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` lease ms, `ARGV[3]`
 /// and `ARGV[4]` the run_id and master_replid of the primary that granted
 /// the lease ('' when not known: nothing to compare). Returns 1 when
 /// renewed, 0 when the lease is not ours, and `{run_id, master_replid}`
@@ -80,16 +136,21 @@ if ARGV[3] ~= '' then
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if KEYS[2] then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
 return 1
 ";
 
-/// `KEYS[1]` lease; `ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` keep ms, `ARGV[3]`
-/// the lease's wake-up channel ('' to wake nobody). With keep > 0 the
-/// holder stays recorded until then (`--min-hold`); otherwise the lease is
-/// freed and waiters are told in the same script, so no subscriber hears of
-/// it before it is free.
-pub(super) const RELEASE_LUA: &str = r"
+/// `KEYS[1]` lease, the values last; `ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]`
+/// keep ms, `ARGV[3]` the lease's wake-up channel ('' to wake nobody). With
+/// keep > 0 the holder stays recorded until then (`--min-hold`); otherwise
+/// the lease is freed and waiters are told in the same script, so no
+/// subscriber hears of it before it is free.
+pub(super) const RELEASE_LUA: &str = concat!(
+    r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+",
+    released_values!(),
+    r"
 if tonumber(ARGV[2]) > 0 then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 else
@@ -97,10 +158,11 @@ else
   if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], '') end
 end
 return 1
-";
+"
+);
 
 /// RELEASE with the run's end (`--once-per`). `KEYS[1]` lease, `KEYS[2]`
-/// period, `KEYS[3]` run record; `ARGV[1]`..`ARGV[3]` as RELEASE, `ARGV[4]`
+/// period, `KEYS[3]` run record, the values last; `ARGV[1]`..`ARGV[3]` as RELEASE, `ARGV[4]`
 /// the outcome, `ARGV[5]` holder, `ARGV[6]` epoch. The end (by `TIME`) and
 /// outcome are written where the record is this holder's at this epoch,
 /// whether or not the lease key still lives: a record that still names
@@ -122,6 +184,9 @@ if r[1] == ARGV[5] and r[2] == ARGV[6] then
   end
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+",
+    released_values!(),
+    r"
 if tonumber(ARGV[2]) > 0 then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 else
@@ -145,13 +210,14 @@ return {string.format('%d', now), r[1], r[2], r[3], r[4], r[5]}
 "
 );
 
-/// `KEYS[1]` lease, `KEYS[2]` epoch. `{counter, value, pttl}`, read in one
-/// step so the three agree.
+/// `KEYS[1]` lease, `KEYS[2]` epoch, `KEYS[3]` values. `{counter, value,
+/// pttl, values}`, read in one step so they agree.
 pub(super) const INSPECT_LUA: &str = r"
-return {redis.call('GET', KEYS[2]), redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+return {redis.call('GET', KEYS[2]), redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]),
+  redis.call('GET', KEYS[3])}
 ";
 
-/// `KEYS[1]` lease, `KEYS[2]` epoch; `ARGV[1]` the epoch to clear, or ''
+/// `KEYS[1]` lease, `KEYS[2]` epoch, `KEYS[3]` values; `ARGV[1]` the epoch to clear, or ''
 /// for any, `ARGV[2]` the wake-up channel. Returns what was cleared as
 /// INSPECT does, or nil.
 pub(super) const CLEAR_LUA: &str = r"
@@ -162,6 +228,7 @@ if ARGV[1] ~= '' and string.sub(v, 1, string.len(ARGV[1]) + 1) ~= ARGV[1] .. ':'
 end
 local info = {redis.call('GET', KEYS[2]), v, redis.call('PTTL', KEYS[1])}
 redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[3])
 redis.call('PUBLISH', ARGV[2], '')
 return info
 ";
@@ -181,6 +248,12 @@ pub(super) const EPOCH_SUFFIX: &str = "}:epoch";
 /// `--once-per`: the period key (lives half a period) and the run record.
 pub(super) const PERIOD_SUFFIX: &str = "}:period";
 pub(super) const RUN_SUFFIX: &str = "}:run";
+/// The lease's values (see `taken_values!`).
+pub(super) const VALUE_SUFFIX: &str = "}:value";
+
+pub(super) fn value_key(name: &str) -> String {
+    format!("{PREFIX}{name}{VALUE_SUFFIX}")
+}
 
 pub(super) fn lease_key(name: &str) -> String {
     format!("{PREFIX}{name}{LEASE_SUFFIX}")
@@ -295,7 +368,7 @@ pub(super) fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, Sto
     let bad = || StoreError::fatal(format!("unexpected reply from Redis for {name}: {v:?}"));
     let parts = match v {
         Value::Nil => return Ok(None),
-        Value::Array(p) if p.len() == 3 => p,
+        Value::Array(p) if p.len() == 3 || p.len() == 4 => p,
         _ => return Err(bad()),
     };
     let counter = as_int(&parts[0]);
@@ -305,13 +378,18 @@ pub(super) fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, Sto
         (Some(value), counter) => {
             let (epoch, holder) = value.split_once(':').ok_or_else(bad)?;
             let epoch = epoch.parse::<i64>().ok().or(counter).ok_or_else(bad)?;
+            let (advertised, kept) = parts
+                .get(3)
+                .and_then(as_text)
+                .map_or((None, false), |v| values(&v, epoch));
             Some(LeaseInfo {
                 name: name.to_string(),
                 holder: Some(holder.to_string()),
                 epoch,
                 // -1: a key without expiry, which only a hand-made key has.
                 expires_in_ms: Some(if pttl >= 0 { pttl } else { i64::MAX }),
-                ..LeaseInfo::default()
+                advertised,
+                kept,
             })
         }
         // Free (released or expired): the counter still says which epoch
@@ -327,9 +405,39 @@ pub(super) fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, Sto
     })
 }
 
+/// The values key's `EPOCH:r|k:TEXT`, for the tenure at `epoch`: its
+/// advertised value and whether it is kept. Another tenure's values, or a
+/// value that does not parse (written by hand), are none.
+fn values(v: &str, epoch: i64) -> (Option<String>, bool) {
+    let mut parts = v.splitn(3, ':');
+    let (Some(e), Some(flag), Some(text)) = (parts.next(), parts.next(), parts.next()) else {
+        return (None, false);
+    };
+    if e.parse::<i64>().ok() != Some(epoch) || !matches!(flag, "r" | "k") {
+        return (None, false);
+    }
+    (
+        Some(text.to_string()).filter(|t| !t.is_empty()),
+        flag == "k",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_are_the_tenures_own() {
+        assert_eq!(
+            values("7:r:10.0.0.1:80", 7),
+            (Some("10.0.0.1:80".into()), false)
+        );
+        assert_eq!(values("7:k:", 7), (None, true));
+        assert_eq!(values("7:k:a", 7), (Some("a".into()), true));
+        assert_eq!(values("6:r:a", 7), (None, false));
+        assert_eq!(values("7:x:a", 7), (None, false));
+        assert_eq!(values("junk", 7), (None, false));
+    }
 
     #[test]
     fn keys_share_a_hash_tag_whatever_the_name() {

@@ -1172,14 +1172,17 @@ async fn add_run_columns(conn: &mut SqliteConnection, file: &Path) -> Result<(),
 
 /// After a take, inside its transaction: the new tenure's `--advertise`
 /// value (or none: an earlier tenure's must not linger), no end yet. A
-/// file made before these columns gets them first: the file is this
-/// host's, and an older leaderrun names none of them.
+/// file made before these columns gets them where a value is to be
+/// written (an older leaderrun names none of them); a plain run leaves such
+/// a file as it is.
 async fn taken_values(
     conn: &mut SqliteConnection,
     key: &LeaseKey,
     file: &Path,
 ) -> Result<(), sqlx::Error> {
-    add_value_columns(conn, file).await?;
+    if !value_columns(conn, file, key.advertise.is_some()).await? {
+        return Ok(());
+    }
     sqlx::query(TAKEN_VALUES_SQL)
         .bind(&key.name)
         .bind(key.advertise.as_deref())
@@ -1198,7 +1201,9 @@ async fn released_values(
     keep_ms: i64,
     file: &Path,
 ) -> Result<(), sqlx::Error> {
-    add_value_columns(conn, file).await?;
+    if !value_columns(conn, file, keep_ms > 0).await? {
+        return Ok(());
+    }
     sqlx::query(RELEASED_VALUES_SQL)
         .bind(&key.name)
         .bind(epoch)
@@ -1208,13 +1213,24 @@ async fn released_values(
     Ok(())
 }
 
-/// The lease's value columns, where a file made before them lacks them,
-/// inside the caller's write transaction (as `add_run_columns`).
-async fn add_value_columns(conn: &mut SqliteConnection, file: &Path) -> Result<(), sqlx::Error> {
+/// Whether the file has the lease's value columns, after adding them when
+/// `add` and a file made before them lacks them, inside the caller's write
+/// transaction (as `add_run_columns`).
+async fn value_columns(
+    conn: &mut SqliteConnection,
+    file: &Path,
+    add: bool,
+) -> Result<bool, sqlx::Error> {
     let have: Vec<String> =
         sqlx::query_scalar("SELECT name FROM pragma_table_info('leader_lease')")
             .fetch_all(&mut *conn)
             .await?;
+    let all = VALUE_COLUMNS
+        .iter()
+        .all(|(col, _)| have.iter().any(|h| h == col));
+    if all || !add {
+        return Ok(all);
+    }
     for (col, ty) in VALUE_COLUMNS {
         if !have.iter().any(|h| h == col) {
             sqlx::raw_sql(&format!("ALTER TABLE leader_lease ADD COLUMN {col} {ty}"))
@@ -1227,7 +1243,7 @@ async fn add_value_columns(conn: &mut SqliteConnection, file: &Path) -> Result<(
             );
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// A run record from a row of `RUN_RECORDS_SQL`.
