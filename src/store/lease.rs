@@ -37,6 +37,32 @@ impl LeaseInfo {
     }
 }
 
+/// The lease's values as the key-value stores keep them, in a key of their
+/// own beside the lease: `EPOCH:r:TEXT` while the tenure at `EPOCH` runs,
+/// `EPOCH:k:TEXT` once its run has ended and only `--min-hold` keeps it
+/// (`TEXT` the advertised value, empty for none).
+pub(crate) fn values_text(epoch: i64, kept: bool, advertised: Option<&str>) -> String {
+    let flag = if kept { 'k' } else { 'r' };
+    format!("{epoch}:{flag}:{}", advertised.unwrap_or_default())
+}
+
+/// [`values_text`] read back for the tenure at `epoch`: its advertised
+/// value and whether it is kept. Another tenure's values, or a value that
+/// does not parse (written by hand), are none.
+pub(crate) fn parse_values(v: &str, epoch: i64) -> (Option<String>, bool) {
+    let mut parts = v.splitn(3, ':');
+    let (Some(e), Some(flag), Some(text)) = (parts.next(), parts.next(), parts.next()) else {
+        return (None, false);
+    };
+    if e.parse::<i64>().ok() != Some(epoch) || !matches!(flag, "r" | "k") {
+        return (None, false);
+    }
+    (
+        Some(text.to_string()).filter(|t| !t.is_empty()),
+        flag == "k",
+    )
+}
+
 /// What a store can promise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
@@ -163,6 +189,19 @@ impl Replication {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_are_the_tenures_own() {
+        assert_eq!(
+            parse_values(&values_text(7, false, Some("10.0.0.1:80")), 7),
+            (Some("10.0.0.1:80".into()), false)
+        );
+        assert_eq!(parse_values(&values_text(7, true, None), 7), (None, true));
+        assert_eq!(parse_values("7:k:a", 7), (Some("a".into()), true));
+        assert_eq!(parse_values("6:r:a", 7), (None, false));
+        assert_eq!(parse_values("7:x:a", 7), (None, false));
+        assert_eq!(parse_values("junk", 7), (None, false));
+    }
 
     #[test]
     fn grant_rounds_up_and_refuses_what_it_cannot_honour() {

@@ -22,6 +22,14 @@ pub(super) const EPOCH_PREFIX: &str = "leaderrun/epoch/";
 /// the run record (on none).
 pub(super) const PERIOD_PREFIX: &str = "leaderrun/period/";
 pub(super) const RUN_PREFIX: &str = "leaderrun/run/";
+/// The lease's values (`--advertise`, the mark of a `--min-hold` keep:
+/// `store::lease::values_text`), on the same etcd lease as the lease key,
+/// so they live and end exactly as it does.
+pub(super) const VALUE_PREFIX: &str = "leaderrun/value/";
+
+pub(super) fn value_key(name: &str) -> String {
+    format!("{VALUE_PREFIX}{name}")
+}
 
 pub(super) fn b64(s: &str) -> String {
     B64.encode(s.as_bytes())

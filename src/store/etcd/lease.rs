@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use super::api::*;
 use super::members::{EtcdError, Member, Members, Res};
+use crate::store::lease::{parse_values, values_text};
 use crate::store::sql::millis;
 use crate::store::LeaseInfo;
 
@@ -177,27 +178,59 @@ impl Members {
 
     /// The lease key and the counter, read together (one linearizable txn).
     pub(super) async fn read(&mut self, name: &str) -> Res<(Option<Kv>, Option<Kv>)> {
+        let (lease, epoch, _) = self.read_all(name).await?;
+        Ok((lease, epoch))
+    }
+
+    /// The lease key, the counter and the values, read together.
+    async fn read_all(&mut self, name: &str) -> Res<(Option<Kv>, Option<Kv>, Option<Kv>)> {
         let r = self
             .txn(
                 json!([]),
-                json!([range_op(&lease_key(name)), range_op(&epoch_key(name))]),
+                json!([
+                    range_op(&lease_key(name)),
+                    range_op(&epoch_key(name)),
+                    range_op(&value_key(name))
+                ]),
                 json!([]),
             )
             .await?;
         let lease = r.range(0)?.kvs.first().cloned();
         let epoch = r.range(1)?.kvs.first().cloned();
-        Ok((lease, epoch))
+        let values = r.range(2)?.kvs.first().cloned();
+        Ok((lease, epoch, values))
+    }
+
+    /// Put the values of the tenure at `epoch` on etcd lease `id`, where
+    /// the lease key still holds `value` (ours): for a take that could not
+    /// write them in its own transaction (`--once-per`'s, once.rs).
+    pub(super) async fn put_values(
+        &mut self,
+        name: &str,
+        value: &str,
+        epoch: i64,
+        id: i64,
+        advertised: &str,
+    ) -> Res<()> {
+        let (lk, vk) = (lease_key(name), value_key(name));
+        let text = values_text(epoch, false, Some(advertised));
+        self.txn(
+            json!([{"key": b64(&lk), "target": "VALUE", "result": "EQUAL", "value": b64(value)}]),
+            json!([{"request_put": {"key": b64(&vk), "value": b64(&text), "lease": id.to_string()}}]),
+            json!([]),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Take the lease: its epoch and the etcd lease behind it.
     pub(super) async fn take(
         &mut self,
-        name: &str,
-        holder: &str,
+        (name, holder, advertise): (&str, &str, Option<&str>),
         ttl: i64,
     ) -> Res<Option<(i64, i64)>> {
         let mut id = None;
-        let res = self.try_take(name, holder, ttl, &mut id).await;
+        let res = self.try_take(name, holder, advertise, ttl, &mut id).await;
         // A grant we did not use: hand it back rather than let it linger.
         if !matches!(res, Ok(Some(_))) {
             if let Some(id) = id {
@@ -211,10 +244,11 @@ impl Members {
         &mut self,
         name: &str,
         holder: &str,
+        advertise: Option<&str>,
         ttl: i64,
         id: &mut Option<i64>,
     ) -> Res<Option<(i64, i64)>> {
-        let (lk, ek) = (lease_key(name), epoch_key(name));
+        let (lk, ek, vk) = (lease_key(name), epoch_key(name), value_key(name));
         // Bounded by the caller's timeout; more than one round only when a
         // whole acquire-and-release slipped in between our read and write.
         loop {
@@ -252,16 +286,25 @@ impl Members {
             // after an earlier attempt whose reply was lost) fails its
             // compare and reads the key back: our value on our etcd lease,
             // which no one else can have put, means the lease is ours.
+            let mut puts = vec![
+                json!({"request_put": {"key": b64(&lk), "value": b64(&value), "lease": lease_id.to_string()}}),
+                json!({"request_put": {"key": b64(&ek), "value": b64(&epoch.to_string())}}),
+            ];
+            // The values on the same etcd lease, in the same step: there
+            // from the moment the lease is, gone when it is. (Without a
+            // value there is nothing to put: an earlier tenure's went with
+            // its etcd lease.)
+            if let Some(a) = advertise {
+                let text = values_text(epoch, false, Some(a));
+                puts.push(json!({"request_put": {"key": b64(&vk), "value": b64(&text), "lease": lease_id.to_string()}}));
+            }
             let r = self
                 .txn(
                     json!([
                         {"key": b64(&lk), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
                         {"key": b64(&ek), "target": "MOD", "result": "EQUAL", "mod_revision": rev.to_string()},
                     ]),
-                    json!([
-                        {"request_put": {"key": b64(&lk), "value": b64(&value), "lease": lease_id.to_string()}},
-                        {"request_put": {"key": b64(&ek), "value": b64(&epoch.to_string())}},
-                    ]),
+                    Value::Array(puts),
                     json!([range_op(&lk)]),
                 )
                 .await;
@@ -327,13 +370,12 @@ impl Members {
 
     pub(super) async fn give_back(
         &mut self,
-        name: &str,
-        holder: &str,
+        (name, holder, advertise): (&str, &str, Option<&str>),
         epoch: i64,
         keep: Duration,
         known: Option<(i64, i64)>,
     ) -> Res<bool> {
-        let lk = lease_key(name);
+        let (lk, vk) = (lease_key(name), value_key(name));
         let value = lease_value(epoch, holder);
         let ours =
             json!([{"key": b64(&lk), "target": "VALUE", "result": "EQUAL", "value": b64(&value)}]);
@@ -349,7 +391,10 @@ impl Members {
             let r = self
                 .txn(
                     ours,
-                    json!([{"request_delete_range": {"key": b64(&lk)}}]),
+                    json!([
+                        {"request_delete_range": {"key": b64(&lk)}},
+                        {"request_delete_range": {"key": b64(&vk)}}
+                    ]),
                     json!([]),
                 )
                 .await?;
@@ -374,10 +419,15 @@ impl Members {
             Err(e) if !e.is_exists() => return Err(e),
             _ => {}
         }
+        // The values move with it, marked kept: the run has ended.
+        let kept = values_text(epoch, true, advertise);
         let r = self
             .txn(
                 ours,
-                json!([{"request_put": {"key": b64(&lk), "value": b64(&value), "lease": new.to_string()}}]),
+                json!([
+                    {"request_put": {"key": b64(&lk), "value": b64(&value), "lease": new.to_string()}},
+                    {"request_put": {"key": b64(&vk), "value": b64(&kept), "lease": new.to_string()}}
+                ]),
                 json!([]),
             )
             .await?;
@@ -386,12 +436,13 @@ impl Members {
         Ok(done)
     }
 
-    /// A `LeaseInfo` from the lease key and the counter.
+    /// A `LeaseInfo` from the lease key, the counter and the values.
     pub(super) async fn info(
         &mut self,
         name: &str,
         lease: Option<Kv>,
         counter: Option<Kv>,
+        values: Option<&Kv>,
     ) -> Res<Option<LeaseInfo>> {
         let counter = counter.and_then(|kv| kv.value.parse::<i64>().ok());
         Ok(match lease {
@@ -404,6 +455,8 @@ impl Members {
                 } else {
                     i64::MAX / 1000 // a key put by hand, without a lease
                 };
+                let (advertised, kept) =
+                    values.map_or((None, false), |v| parse_values(&v.value, epoch));
                 Some(LeaseInfo {
                     name: name.to_string(),
                     holder: Some(holder.to_string()),
@@ -413,7 +466,8 @@ impl Members {
                     // end, so a key etcd still keeps never reads as expired
                     // (TTL 0 means under a second, not gone; -1 is gone).
                     expires_in_ms: Some(left.saturating_add(1).saturating_mul(1000)),
-                    ..LeaseInfo::default()
+                    advertised,
+                    kept,
                 })
             }
             None => counter.map(|epoch| LeaseInfo {
@@ -427,18 +481,29 @@ impl Members {
     }
 
     pub(super) async fn inspect_lease(&mut self, name: &str) -> Res<Option<LeaseInfo>> {
-        let (lease, counter) = self.read(name).await?;
-        self.info(name, lease, counter).await
+        let (lease, counter, values) = self.read_all(name).await?;
+        self.info(name, lease, counter, values.as_ref()).await
     }
 
     pub(super) async fn list_leases(&mut self) -> Res<Vec<LeaseInfo>> {
         let r = self
             .txn(
                 json!([]),
-                json!([prefix_op(LEASE_PREFIX), prefix_op(EPOCH_PREFIX)]),
+                json!([
+                    prefix_op(LEASE_PREFIX),
+                    prefix_op(EPOCH_PREFIX),
+                    prefix_op(VALUE_PREFIX)
+                ]),
                 json!([]),
             )
             .await?;
+        let values: HashMap<String, Kv> = r
+            .range(2)?
+            .kvs
+            .iter()
+            .cloned()
+            .filter_map(|kv| Some((kv.key.strip_prefix(VALUE_PREFIX)?.to_string(), kv)))
+            .collect();
         let mut leases: HashMap<String, Kv> = r
             .range(0)?
             .kvs
@@ -454,7 +519,7 @@ impl Members {
                 continue;
             };
             let lease = leases.remove(&name);
-            if let Some(i) = self.info(&name, lease, Some(c)).await? {
+            if let Some(i) = self.info(&name, lease, Some(c), values.get(&name)).await? {
                 out.push(i);
             }
         }
@@ -474,7 +539,7 @@ impl Members {
             }
         }
         let (lk, rev, id) = (lease_key(name), kv.mod_revision, kv.lease);
-        let was = self.info(name, Some(kv), counter).await?;
+        let was = self.info(name, Some(kv), counter, None).await?;
         // Safe to send to several members: it deletes the key only at the
         // revision read, which the first delete applied ends.
         let r = self

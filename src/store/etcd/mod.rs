@@ -163,16 +163,22 @@ impl Backend for EtcdStore {
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
         let ttl = ttl_secs(lease);
-        let (name, holder) = (key.name.as_str(), key.holder.as_str());
+        let k = (
+            key.name.as_str(),
+            key.holder.as_str(),
+            key.advertise.as_deref(),
+        );
         let taken = self
-            .call(timeout, "cannot acquire in", async |m| {
-                m.take(name, holder, ttl).await
-            })
+            .call(timeout, "cannot acquire in", async |m| m.take(k, ttl).await)
             .await?;
         Ok(taken.map(|(epoch, id)| {
             self.granted = Some((epoch, id));
             epoch
         }))
+    }
+
+    fn advertises(&self) -> bool {
+        true
     }
 
     fn once_per(&self) -> bool {
@@ -191,9 +197,19 @@ impl Backend for EtcdStore {
     ) -> Result<Acquired, StoreError> {
         let (ttl, half) = (ttl_secs(lease), ttl_secs(half));
         let (name, holder) = (key.name.as_str(), key.holder.as_str());
+        let advertise = key.advertise.as_deref();
         let (got, id) = self
             .call(timeout, "cannot acquire in", async |m| {
-                m.take_once(name, holder, ttl, half).await
+                let (got, id) = m.take_once(name, holder, ttl, half).await?;
+                // The advertised value follows the take here, on the same
+                // etcd lease, in a step of its own (the take's transaction
+                // is once.rs's): a reader may see the lease a round trip
+                // before it.
+                if let (Acquired::Taken(epoch), Some(id), Some(a)) = (got, id, advertise) {
+                    m.put_values(name, &lease_value(epoch, holder), epoch, id, a)
+                        .await?;
+                }
+                Ok((got, id))
             })
             .await?;
         if let (Acquired::Taken(epoch), Some(id)) = (got, id) {
@@ -215,11 +231,12 @@ impl Backend for EtcdStore {
         timeout: Duration,
     ) -> Result<bool, StoreError> {
         let (name, holder, known) = (key.name.as_str(), key.holder.as_str(), self.granted);
+        let k = (name, holder, key.advertise.as_deref());
         let outcome = outcome.to_string();
         let (ended, released) = self
             .call(timeout, "cannot release in", async |m| {
                 let ended = m.end_run(name, holder, epoch, &outcome).await;
-                let released = m.give_back(name, holder, epoch, keep, known).await?;
+                let released = m.give_back(k, epoch, keep, known).await?;
                 Ok((ended.err(), released))
             })
             .await?;
@@ -272,10 +289,15 @@ impl Backend for EtcdStore {
         keep: Duration,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let (name, holder, known) = (key.name.as_str(), key.holder.as_str(), self.granted);
+        let k = (
+            key.name.as_str(),
+            key.holder.as_str(),
+            key.advertise.as_deref(),
+        );
+        let known = self.granted;
         let released = self
             .call(timeout, "cannot release in", async |m| {
-                m.give_back(name, holder, epoch, keep, known).await
+                m.give_back(k, epoch, keep, known).await
             })
             .await?;
         self.granted = None;

@@ -378,10 +378,9 @@ pub(super) fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, Sto
         (Some(value), counter) => {
             let (epoch, holder) = value.split_once(':').ok_or_else(bad)?;
             let epoch = epoch.parse::<i64>().ok().or(counter).ok_or_else(bad)?;
-            let (advertised, kept) = parts
-                .get(3)
-                .and_then(as_text)
-                .map_or((None, false), |v| values(&v, epoch));
+            let (advertised, kept) = parts.get(3).and_then(as_text).map_or((None, false), |v| {
+                crate::store::lease::parse_values(&v, epoch)
+            });
             Some(LeaseInfo {
                 name: name.to_string(),
                 holder: Some(holder.to_string()),
@@ -405,39 +404,9 @@ pub(super) fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, Sto
     })
 }
 
-/// The values key's `EPOCH:r|k:TEXT`, for the tenure at `epoch`: its
-/// advertised value and whether it is kept. Another tenure's values, or a
-/// value that does not parse (written by hand), are none.
-fn values(v: &str, epoch: i64) -> (Option<String>, bool) {
-    let mut parts = v.splitn(3, ':');
-    let (Some(e), Some(flag), Some(text)) = (parts.next(), parts.next(), parts.next()) else {
-        return (None, false);
-    };
-    if e.parse::<i64>().ok() != Some(epoch) || !matches!(flag, "r" | "k") {
-        return (None, false);
-    }
-    (
-        Some(text.to_string()).filter(|t| !t.is_empty()),
-        flag == "k",
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn values_are_the_tenures_own() {
-        assert_eq!(
-            values("7:r:10.0.0.1:80", 7),
-            (Some("10.0.0.1:80".into()), false)
-        );
-        assert_eq!(values("7:k:", 7), (None, true));
-        assert_eq!(values("7:k:a", 7), (Some("a".into()), true));
-        assert_eq!(values("6:r:a", 7), (None, false));
-        assert_eq!(values("7:x:a", 7), (None, false));
-        assert_eq!(values("junk", 7), (None, false));
-    }
 
     #[test]
     fn keys_share_a_hash_tag_whatever_the_name() {
