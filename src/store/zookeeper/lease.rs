@@ -185,8 +185,14 @@ impl Conn {
         }
     }
 
-    /// Create `path` when missing (its parent must exist).
+    /// Create `path` when missing (its parent must exist). Looked for
+    /// first: ZooKeeper checks the parent's `create` permission before it
+    /// says a node exists, so a root made by someone else under a parent
+    /// this identity may only read would otherwise refuse every run.
     pub async fn ensure(&mut self, path: &str, acl: Acl) -> Res<()> {
+        if self.exists(path, false).await? {
+            return Ok(());
+        }
         let create = Op::Create {
             path,
             data: &[],
@@ -197,6 +203,20 @@ impl Conn {
             Ok(_) | Err(ZkError::Server(code::NODE_EXISTS)) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// `root` (`CHROOT/leaderrun`) and the chroot's nodes above it, when
+    /// missing: the chroot's open to anyone, as a ZooKeeper client's chroot
+    /// is only a prefix; `root` with `acl`.
+    pub async fn ensure_root(&mut self, root: &str, acl: Acl) -> Res<()> {
+        if let Some(parent) = root.strip_suffix("/leaderrun").filter(|p| !p.is_empty()) {
+            let mut at = String::new();
+            for part in parent.split('/').skip(1) {
+                at = format!("{at}/{part}");
+                self.ensure(&at, Acl::Open).await?;
+            }
+        }
+        self.ensure(root, acl).await
     }
 
     /// A `multi`: `Ok(Ok(results))` when it was applied, `Ok(Err(code))`
@@ -294,7 +314,7 @@ impl Conn {
                 expired_hold = Some(stat.version);
             }
             if counter.is_none() {
-                self.ensure(root, acl).await?;
+                self.ensure_root(root, acl).await?;
                 self.ensure(&p.dir, acl).await?;
             }
             let epoch = last + 1;

@@ -1,0 +1,222 @@
+//! What the ZooKeeper store does beyond the contract (tests/conformance.rs
+//! checks that against every store), against a real, throwaway ZooKeeper
+//! (tests/support/zookeeper.rs: `tickTime` 100 ms): the session timeout the
+//! server grants, read back and held to `--lease`; a session ended under a
+//! held lease; a chroot in the URL; digest authentication and ACLs. The
+//! `leaderrun` binary end to end. Leases are 2–6 s; bounds derive from the
+//! configured durations.
+
+use std::time::{Duration, Instant};
+
+use crate::support::stores;
+use crate::support::zookeeper::{session_of, Client, Zk, ALL, READ};
+use crate::support::*;
+
+const SEC: Duration = Duration::from_secs(1);
+const MS: Duration = Duration::from_millis(1);
+
+fn admin(url: &str, args: &[&str]) -> Output {
+    let mut c = leaderrun();
+    c.args(args).args(["--store", url]);
+    run(c)
+}
+
+/// With `--wait`, a retry this long: an answer sooner than it was not a
+/// retry.
+const RETRY: [&str; 3] = ["--wait", "--retry", "5s"];
+
+/// A run that must be refused before anything starts, at once, in both
+/// modes (try once, and `--wait`): its exit status and its one line.
+fn refused(url: &str, name: &str, extra: &[&str], dir: &TempDir) -> Vec<(Option<i32>, String)> {
+    let ran = dir.file("ran");
+    let mut out = Vec::new();
+    for wait in [false, true] {
+        let mut args = extra.to_vec();
+        if wait {
+            args.extend(RETRY);
+        }
+        let t0 = Instant::now();
+        let res = run(lr(url, name, &args, &format!("touch {}", ran.display())));
+        let took = t0.elapsed();
+        assert!(
+            took < 5 * SEC,
+            "{args:?}: retried? {took:?}: {}",
+            res.stderr
+        );
+        assert!(!ran.exists(), "{args:?}: the command ran: {}", res.stderr);
+        assert_eq!(
+            res.stderr.trim().lines().count(),
+            1,
+            "{args:?}: {}",
+            res.stderr
+        );
+        assert!(!res.stderr.contains("retrying"), "{args:?}: {}", res.stderr);
+        out.push((res.code, res.stderr));
+    }
+    out
+}
+
+/// The session timeout is the lease: the one the server grants is read
+/// back from the handshake, and a `--lease` the server clamps to its
+/// `minSessionTimeout`..`maxSessionTimeout` is a usage error (exit 2)
+/// naming both, in both modes, before the command starts. A lease the
+/// server grants as asked runs.
+#[test]
+fn a_session_timeout_the_server_clamps_is_refused_naming_both() {
+    // tickTime 100 ms: sessions of 2 s to 3 s only.
+    let z = Zk::start_with("minSessionTimeout=2000\nmaxSessionTimeout=3000\n");
+    let url = format!("zk://127.0.0.1:{}", z.port());
+    let dir = TempDir::new("zk-timeout");
+    for (lease, asked, granted) in [("1s", "1000ms", "2000ms"), ("4s", "4000ms", "3000ms")] {
+        for (code, stderr) in refused(&url, "t", &["--lease", lease], &dir) {
+            assert_eq!(code, Some(2), "--lease {lease}: {stderr}");
+            assert!(
+                stderr.contains(&format!(
+                    "granted a session timeout of {granted}, not the {asked} --lease asks for"
+                )),
+                "--lease {lease}: {stderr}"
+            );
+        }
+    }
+    let mut c = Client::connect(z.port(), None);
+    assert_eq!(c.get("/leaderrun/t/epoch"), None, "nothing was taken");
+
+    let res = run(lr(&url, "t", &["--lease", "2500ms"], "echo $LEASE_EPOCH"));
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    assert_eq!(res.stdout.trim(), "1");
+    assert_eq!(c.get("/leaderrun/t/epoch"), Some(b"1".to_vec()));
+}
+
+/// A session that ends while its lease is held (here ended by the test with
+/// the session's id and password, which the lease node records, as an
+/// expiry ends it: the ensemble deletes the ephemeral lease node and will
+/// not resume the session) is a loss: the next renewal finds the session
+/// gone, the command is stopped at once and leaderrun exits 75. With
+/// R = 500 ms that is within R (and a call), long before the give-up, which
+/// is G − R = 3.5 s after the end at the earliest.
+#[test]
+fn a_session_ended_under_a_held_lease_is_a_loss() {
+    let z = Zk::start();
+    let url = format!("zk://127.0.0.1:{}", z.port());
+    let dir = TempDir::new("zk-expired");
+    let mut a = spawn(
+        lr(
+            &url,
+            "s",
+            &["--lease", "6s", "--renew", "500ms", "-v"],
+            &worker(&dir, "a"),
+        ),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.pid"), 10 * SEC);
+    let child = pid_in(&dir.file("a.pid"));
+    let mut c = Client::connect(z.port(), None);
+    let node = c.get("/leaderrun/s/lease").expect("the lease node");
+    let (id, pw) = session_of(&node);
+
+    let t0 = Instant::now();
+    Client::connect(z.port(), Some((id, &pw))).close();
+    assert_eq!(c.get("/leaderrun/s/lease"), None, "the ephemeral node went");
+    let st = wait_exit(&mut a, 10 * SEC);
+    let took = t0.elapsed();
+    let log = read(&dir.file("a.log"));
+    eprintln!("session ended at 0; leaderrun exited at {took:?}\n{log}");
+    assert_eq!(st.code(), Some(75), "{log}");
+    assert!(!alive(child), "the command outlived the loss");
+    assert!(log.contains("the renewal matched nothing"), "{log}");
+    assert!(
+        took < 500 * MS + 1500 * MS,
+        "noticed {took:?} after the end"
+    );
+
+    // The epoch lives on in the counter: the next holder gets 2.
+    let res = run(lr(&url, "s", &["--lease", "2s"], "echo $LEASE_EPOCH"));
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    assert_eq!(res.stdout.trim(), "2");
+}
+
+/// `zk://host/apps/x` keeps the leases under `/apps/x/leaderrun`, creating
+/// the chroot's nodes the first time; another chroot is another namespace
+/// (its own epochs), and nothing lands at the root.
+#[test]
+fn a_chroot_in_the_url_holds_the_leases() {
+    let z = Zk::start();
+    let base = format!("zk://127.0.0.1:{}", z.port());
+    let (x, y) = (format!("{base}/apps/x"), format!("{base}/apps/y"));
+    for (url, want) in [(&x, "1"), (&x, "2"), (&y, "1")] {
+        let res = run(lr(url, "job", &["--lease", "2s"], "echo $LEASE_EPOCH"));
+        assert_eq!(res.code, Some(0), "{url}: {}", res.stderr);
+        assert_eq!(res.stdout.trim(), want, "{url}");
+    }
+    let mut c = Client::connect(z.port(), None);
+    assert_eq!(c.children("/"), ["apps", "zookeeper"]);
+    assert_eq!(c.children("/apps"), ["x", "y"]);
+    assert_eq!(c.children("/apps/x/leaderrun"), ["job"]);
+    assert_eq!(c.get("/apps/x/leaderrun/job/epoch"), Some(b"2".to_vec()));
+    assert_eq!(c.get("/apps/y/leaderrun/job/epoch"), Some(b"1".to_vec()));
+
+    let res = admin(&x, &["status"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    assert!(res.stdout.contains("job"), "{}", res.stdout);
+    let res = admin(&base, &["status"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    assert!(!res.stdout.contains("job"), "{}", res.stdout);
+}
+
+/// With digest authentication the nodes are the identity's (`leaderrun
+/// init` made the root so): a wrong password (digest derives another
+/// identity from it and refuses nothing itself) meets `NoAuth` on a lease
+/// held by the right one and on a new one, which will not heal: exit 125
+/// at once in both modes, one line, the password never shown. `status`
+/// too.
+#[test]
+fn a_wrong_password_is_125_at_once_in_both_modes_and_never_shown() {
+    let srv = stores::zookeeper();
+    let wrong = srv.refused_url.clone().expect("a refused URL");
+    let dir = TempDir::new("zk-auth");
+    let res = run(lr(&srv.url, "held", &["--lease", "2s"], "true"));
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    for name in ["held", "fresh"] {
+        for (code, stderr) in refused(&wrong, name, &["--lease", "2s"], &dir) {
+            assert_eq!(code, Some(125), "{name}: {stderr}");
+            assert!(stderr.contains("NoAuth"), "{name}: {stderr}");
+            assert!(stderr.contains("zk://lr:***@"), "{name}: {stderr}");
+            assert!(!stderr.contains("Wr0ng-pw"), "{stderr}");
+        }
+    }
+    for args in [&["status"][..], &["status", "--name", "held"]] {
+        let res = admin(&wrong, args);
+        assert_eq!(res.code, Some(125), "{args:?}: {}", res.stderr);
+        assert!(res.stderr.contains("NoAuth"), "{}", res.stderr);
+        assert!(!res.stderr.contains("Wr0ng-pw"), "{}", res.stderr);
+    }
+    // The right password still works: nothing was taken or broken.
+    let res = run(lr(
+        &srv.url,
+        "held",
+        &["--lease", "2s"],
+        "echo $LEASE_EPOCH",
+    ));
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    assert_eq!(res.stdout.trim(), "2");
+}
+
+/// A root this identity may read but not create under (someone else made
+/// it so): a run is refused with 125 at once in both modes (`NoAuth` will
+/// not heal), and `status`, which only reads, works.
+#[test]
+fn a_missing_permission_is_125() {
+    let z = Zk::start();
+    let mut c = Client::connect(z.port(), None);
+    c.create("/ro", ALL);
+    c.create("/ro/leaderrun", READ);
+    let url = format!("zk://127.0.0.1:{}/ro", z.port());
+    let dir = TempDir::new("zk-acl");
+    for (code, stderr) in refused(&url, "job", &["--lease", "2s"], &dir) {
+        assert_eq!(code, Some(125), "{stderr}");
+        assert!(stderr.contains("NoAuth"), "{stderr}");
+    }
+    let res = admin(&url, &["status"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    assert_eq!(c.children("/ro/leaderrun"), Vec::<String>::new());
+}
