@@ -203,9 +203,10 @@ fn a_wrong_password_is_125_at_once_in_both_modes_and_never_shown() {
 
 /// A root this identity may read but not create under (someone else made
 /// it so): a run is refused with 125 at once in both modes (`NoAuth` will
-/// not heal), and `status`, which only reads, works.
+/// not heal), `init` names what is missing and the node's ACL, and
+/// `status`, which only reads, works.
 #[test]
-fn a_missing_permission_is_125() {
+fn a_missing_permission_is_125_and_init_names_it() {
     let z = Zk::start();
     let mut c = Client::connect(z.port(), None);
     c.create("/ro", ALL);
@@ -216,7 +217,76 @@ fn a_missing_permission_is_125() {
         assert_eq!(code, Some(125), "{stderr}");
         assert!(stderr.contains("NoAuth"), "{stderr}");
     }
+    let res = admin(&url, &["init"]);
+    assert_eq!(res.code, Some(125), "{}", res.stderr);
+    assert!(
+        res.stderr
+            .contains("anyone (no user in the store URL) may not create under /ro/leaderrun"),
+        "{}",
+        res.stderr
+    );
+    assert!(
+        res.stderr.contains("its ACL: world:anyone:r)"),
+        "{}",
+        res.stderr
+    );
     let res = admin(&url, &["status"]);
     assert_eq!(res.code, Some(0), "{}", res.stderr);
     assert_eq!(c.children("/ro/leaderrun"), Vec::<String>::new());
+}
+
+/// `init` makes the root (and the chroot above it) and says what it made
+/// and whose it is; run again, that it was there and this identity may use
+/// it; with a wrong password, what this identity lacks (125). A root open
+/// to anyone, meant for a user, is said to be open.
+#[test]
+fn init_says_what_it_made_and_who_may_use_it() {
+    let z = Zk::start();
+    let p = z.port();
+    let said = |url: &str| {
+        let res = admin(url, &["init"]);
+        assert!(!res.stdout.contains("nothing to do"), "{}", res.stdout);
+        assert!(!res.stderr.contains("pw-1") && !res.stdout.contains("pw-1"));
+        (res.code, res.stdout.trim().to_string(), res.stderr)
+    };
+    let owned = format!("zk://lr:pw-1@127.0.0.1:{p}/apps");
+    let shown = format!("zk://lr:***@127.0.0.1:{p}/apps");
+    assert_eq!(
+        said(&owned),
+        (
+            Some(0),
+            format!("created /apps/leaderrun in {shown} (ACL: digest:lr:cdrwa)"),
+            String::new()
+        )
+    );
+    let (code, out, _) = said(&owned);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        out,
+        format!(
+            "/apps/leaderrun was already in {shown}; digest user lr may create and read \
+             under it (ACL: digest:lr:cdrwa)"
+        )
+    );
+    let (code, _, err) = said(&format!("zk://lr:Wr0ng-pw-1@127.0.0.1:{p}/apps"));
+    assert_eq!(code, Some(125), "{err}");
+    assert!(
+        err.contains("digest user lr may not create or read under /apps/leaderrun"),
+        "{err}"
+    );
+    assert!(
+        err.contains("its ACL: not readable by this identity"),
+        "{err}"
+    );
+
+    let open = format!("zk://127.0.0.1:{p}");
+    let (code, out, err) = said(&open);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        out,
+        format!("created /leaderrun in {open} (ACL: world:anyone:cdrwa)")
+    );
+    let (code, out, err) = said(&format!("zk://lr:pw-1@127.0.0.1:{p}"));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("anyone may create leases under it"), "{out}");
 }

@@ -493,6 +493,74 @@ impl Conn {
         }))
     }
 
+    /// A node's ACL, each entry as `scheme:id:perms` (`perms` in
+    /// ZooKeeper's letters, `cdrwa`). A digest id is shown by its user
+    /// alone: the rest is a hash of the password.
+    pub async fn acl_of(&mut self, path: &str) -> Res<Vec<String>> {
+        let body = self
+            .request(op::GET_ACL, |w| {
+                w.string(path);
+            })
+            .await?;
+        let mut r = Reader::new(&body);
+        let n = r.int()?;
+        let mut out = Vec::new();
+        for _ in 0..n.max(0) {
+            let (perms, scheme, id) = (r.int()?, r.string()?, r.string()?);
+            let id = match scheme.as_str() {
+                "digest" => id.split(':').next().unwrap_or_default().to_string(),
+                _ => id,
+            };
+            let letters: String = [(4, 'c'), (8, 'd'), (1, 'r'), (2, 'w'), (16, 'a')]
+                .iter()
+                .filter(|(bit, _)| perms & bit != 0)
+                .map(|(_, l)| *l)
+                .collect();
+            out.push(format!("{scheme}:{id}:{letters}"));
+        }
+        Ok(out)
+    }
+
+    /// What this identity lacks under `root` of what a run does there:
+    /// create a node (a new lease's) and list them (`status`). Tried, as
+    /// ZooKeeper has no question for it: an ephemeral probe, named as no
+    /// lease can be (a '.'), created and deleted again (when deleting is
+    /// refused, it goes with the session).
+    pub async fn lacks_under(&mut self, root: &str) -> Res<Vec<&'static str>> {
+        let mut missing = Vec::new();
+        let probe = format!("{root}/init.probe");
+        let create = Op::Create {
+            path: &probe,
+            data: &[],
+            acl: Acl::Open,
+            flags: EPHEMERAL,
+        };
+        match self.request(op::CREATE, |w| create.write(w)).await {
+            // At version 0, which a node just created has: never ZooKeeper's
+            // "any version" (-1).
+            Ok(_) => match self
+                .request(op::DELETE, |w| {
+                    w.string(&probe).int(0);
+                })
+                .await
+            {
+                Ok(_) | Err(ZkError::Server(code::NO_AUTH | code::NO_NODE | code::BAD_VERSION)) => {
+                }
+                Err(e) => return Err(e),
+            },
+            // Another init's probe: the permission was checked first.
+            Err(ZkError::Server(code::NODE_EXISTS)) => {}
+            Err(ZkError::Server(code::NO_AUTH)) => missing.push("create"),
+            Err(e) => return Err(e),
+        }
+        match self.children(root).await {
+            Ok(_) => {}
+            Err(ZkError::Server(code::NO_AUTH)) => missing.push("read"),
+            Err(e) => return Err(e),
+        }
+        Ok(missing)
+    }
+
     /// Every lease under `root`, by name.
     pub async fn every(&mut self, root: &str) -> Res<Vec<LeaseInfo>> {
         self.sync(root).await?;

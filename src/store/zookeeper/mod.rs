@@ -61,7 +61,7 @@ mod proto;
 mod url;
 pub(crate) mod wake;
 
-use self::conn::{Conn, Creds, Res};
+use self::conn::{Conn, Creds, Res, ZkError};
 use self::ensemble::Ensemble;
 use self::lease::{Grant, Paths};
 use self::proto::Acl;
@@ -246,21 +246,58 @@ impl Backend for ZkStore {
 
     /// The root node, with the credentials' ACL when the URL names a user:
     /// run once with the right credentials, it keeps every other identity
-    /// out of the leases.
+    /// out of the leases. Then what a run does under it is tried, so that
+    /// the answer is "ready" only when a run would work; otherwise it names
+    /// the permissions missing and the node's ACL (exit 125).
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
         let (root, acl) = (self.root.clone(), self.acl());
-        self.op(timeout, "cannot use", async |c| {
-            if let Some(parent) = root.strip_suffix("/leaderrun").filter(|p| !p.is_empty()) {
-                let mut at = String::new();
-                for part in parent.split('/').skip(1) {
-                    at = format!("{at}/{part}");
-                    c.ensure(&at, Acl::Open).await?;
-                }
-            }
-            c.ensure(&root, acl).await?;
-            Ok(Init::NothingToDo)
-        })
-        .await
+        let (was, missing, entries) = self
+            .op(timeout, "cannot use", async |c| {
+                let was = c.exists(&root, false).await?;
+                c.ensure_root(&root, acl).await?;
+                let missing = c.lacks_under(&root).await?;
+                // Reading an ACL needs read or admin: a node this identity
+                // may not read shows none.
+                let entries = match c.acl_of(&root).await {
+                    Ok(e) => e,
+                    Err(ZkError::Server(proto::code::NO_AUTH)) => Vec::new(),
+                    Err(e) => return Err(e),
+                };
+                Ok((was, missing, entries))
+            })
+            .await?;
+        let shown = self.s.c.shown();
+        let acl_text = if entries.is_empty() {
+            "not readable by this identity".to_string()
+        } else {
+            entries.join(", ")
+        };
+        let identity = match &self.s.c.user {
+            Some((user, _)) => format!("digest user {user}"),
+            None => "anyone (no user in the store URL)".to_string(),
+        };
+        if !missing.is_empty() {
+            return Err(StoreError::fatal(format!(
+                "{identity} may not {} under {root} in the store {shown} (its ACL: {acl_text}); \
+                 a run creates a node there for each lease name and lists them: give this \
+                 identity cr on it (zkCli: setAcl {root} …), or remove it and run leaderrun \
+                 init with the credentials that are to own it",
+                missing.join(" or "),
+            )));
+        }
+        let open_to_all = entries.iter().any(|e| e.starts_with("world:anyone:"));
+        let what = if was {
+            format!("{root} was already in {shown}; {identity} may create and read under it")
+        } else {
+            format!("created {root} in {shown}")
+        };
+        let warn = if self.s.c.user.is_some() && open_to_all {
+            "; anyone may create leases under it (world:anyone): to keep the node this identity's, \
+             remove it and run leaderrun init again"
+        } else {
+            ""
+        };
+        Ok(Init::Done(format!("{what} (ACL: {acl_text}){warn}")))
     }
 
     /// ZAB: a write is acknowledged once a quorum of the voting servers
