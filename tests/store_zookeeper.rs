@@ -290,3 +290,153 @@ fn init_says_what_it_made_and_who_may_use_it() {
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("anyone may create leases under it"), "{out}");
 }
+
+fn log_has(path: &std::path::Path, what: &str) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|s| s.contains(what))
+}
+
+/// A waiter (`-vv`, so that its wake-ups are logged) whose poll is a minute
+/// away, once it has made its attempts and set its watch.
+fn waiter(url: &str, dir: &TempDir, tag: &str) -> (std::process::Child, std::path::PathBuf) {
+    let log = dir.file(&format!("{tag}.log"));
+    let c = spawn(
+        lr(
+            url,
+            "w",
+            &["-vv", "--wait", "--retry", "60s", "--lease", "3s"],
+            &worker(dir, tag),
+        ),
+        &log,
+    );
+    wait_for("the waiter to wait", 10 * SEC, || log_has(&log, "waiting:"));
+    (c, log)
+}
+
+const WOKEN: &str = "the lease was released; trying now";
+
+/// The watch on the lease node wakes a waiting contender at once when the
+/// node goes: on a release (the holder's exit), and on an expiry (the
+/// holder killed with its watchdog, so nothing releases: the ensemble
+/// deletes the node when the session times out, L = 3 s after the last
+/// renewal, plus a tick). The waiters poll every 60 s, and a waiter's own
+/// schedule by the store (ZooKeeper can only say "at most L left") comes up
+/// to L after its last look: leading within a fraction of a second of the
+/// node's end, with the wake-up logged, is the watch.
+#[test]
+fn a_waiter_is_woken_by_the_watch_on_release_and_on_expiry() {
+    let z = Zk::start();
+    let url = format!("zk://127.0.0.1:{}", z.port());
+    let dir = TempDir::new("zk-wake");
+    let stoppable = format!(
+        "touch {r}; while [ ! -e {s} ]; do sleep 0.01; done",
+        r = dir.file("a.running").display(),
+        s = dir.file("a.stop").display(),
+    );
+    let mut a = spawn(
+        lr(&url, "w", &["--lease", "3s"], &stoppable),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.running"), 10 * SEC);
+    let (mut b, blog) = waiter(&url, &dir, "b");
+    std::fs::write(dir.file("a.stop"), "").unwrap();
+    assert_eq!(wait_exit(&mut a, 10 * SEC).code(), Some(0));
+    let released = Instant::now();
+    wait_file(&dir.file("b.pid"), 10 * SEC);
+    let on_release = released.elapsed();
+    assert!(log_has(&blog, WOKEN), "{}", read(&blog));
+    assert!(on_release < 500 * MS, "{on_release:?}: {}", read(&blog));
+    assert_eq!(read(&dir.file("b.epoch")).trim(), "2");
+
+    let (c, clog) = waiter(&url, &dir, "c");
+    let mut zk = Client::connect(z.port(), None);
+    let killed = Instant::now();
+    kill_holder_and_watchdog(&mut b);
+    wait_for("the ensemble to expire B's session", 10 * SEC, || {
+        zk.get("/leaderrun/w/lease").is_none()
+    });
+    let (deleted, gone) = (Instant::now(), killed.elapsed());
+    wait_file(&dir.file("c.pid"), 10 * SEC);
+    let after_expiry = deleted.elapsed();
+    eprintln!(
+        "release → B led in {on_release:?}; B killed → node gone in {gone:?}, \
+         C led {after_expiry:?} after that"
+    );
+    // The session ends by the ensemble's clock: L after B's last renewal
+    // (at most R = 1 s before the kill) plus a tick, and no earlier than
+    // L - R after the kill.
+    assert!(gone < 3 * SEC + 500 * MS, "{gone:?}");
+    assert!(gone > 2 * SEC - 200 * MS, "{gone:?}: expired early");
+    assert!(log_has(&clog, WOKEN), "{}", read(&clog));
+    assert!(after_expiry < 500 * MS, "{after_expiry:?}: {}", read(&clog));
+    assert_eq!(read(&dir.file("c.epoch")).trim(), "3");
+    let mut c = c;
+    signal(c.id(), nix::sys::signal::Signal::SIGTERM);
+    let _ = wait_exit(&mut c, 10 * SEC);
+}
+
+/// `kill -9` of leaderrun while ZooKeeper cannot be reached: the watchdog
+/// stops the command and keeps trying to hand the lease back (deleting the
+/// node at its version from a session of its own); when the server answers
+/// again, long before the session could expire (L = 10 s), the waiter,
+/// woken by the watch, leads at once. (tests/hand_back.rs, on ZooKeeper.)
+#[test]
+fn the_watchdog_hands_back_once_zookeeper_answers() {
+    let z = Zk::start();
+    let proxy = Proxy::start(z.port());
+    let dir = TempDir::new("zk-hand-back");
+    let timing = [
+        "--lease",
+        "10s",
+        "--renew",
+        "1s",
+        "--give-up",
+        "3s",
+        "--kill-after",
+        "1s",
+    ];
+    let via = format!("zk://127.0.0.1:{}", proxy.port);
+    let mut a = spawn(
+        lr(&via, "hb", &timing, &worker(&dir, "a")),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.pid"), 10 * SEC);
+    let a_child = pid_in(&dir.file("a.pid"));
+    wait_until_some("the watchdog", 10 * SEC, || watchdog_of(a.id()));
+    let direct = format!("zk://127.0.0.1:{}", z.port());
+    let b = spawn(
+        lr(
+            &direct,
+            "hb",
+            &[&timing[..], &["--wait", "--retry", "5s"]].concat(),
+            &worker(&dir, "b"),
+        ),
+        &dir.file("b.log"),
+    );
+    std::thread::sleep(300 * MS);
+
+    let t0 = Instant::now();
+    proxy.blackhole();
+    signal(a.id(), nix::sys::signal::Signal::SIGKILL);
+    let _ = a.wait();
+    wait_for("the watchdog to stop A's command", 2 * SEC, || {
+        !alive(a_child)
+    });
+    std::thread::sleep(2 * SEC);
+    assert!(!dir.file("b.pid").exists(), "B led while A's lease held");
+    let healed = t0.elapsed();
+    proxy.heal();
+    wait_file(&dir.file("b.pid"), 15 * SEC);
+    let took = t0.elapsed();
+    let alog = read(&dir.file("a.log"));
+    eprintln!("silent and killed at 0; healed at {healed:?}; B led at {took:?}");
+    // The session had at least L - R = 9 s left; B polls every 5 s.
+    assert!(
+        took < healed + 1500 * MS,
+        "{took:?} (healed {healed:?})\n{alog}"
+    );
+    assert!(alog.contains("lease released"), "{alog}");
+    assert_eq!(read(&dir.file("b.epoch")).trim(), "2");
+    let mut b = b;
+    signal(b.id(), nix::sys::signal::Signal::SIGTERM);
+    let _ = wait_exit(&mut b, 5 * SEC);
+}

@@ -118,6 +118,12 @@ fn release_is_pushed_etcd() {
     release_is_pushed(stores::etcd());
 }
 
+/// The watch on the lease node.
+#[test]
+fn release_is_pushed_zookeeper() {
+    release_is_pushed(stores::zookeeper());
+}
+
 /// A holder killed with its watchdog gives nothing back: the lease runs
 /// out (L = 1 s) and the watcher says so, whether the store keeps the
 /// expired row (embedded) or deletes the key (Redis).
