@@ -440,3 +440,102 @@ fn the_watchdog_hands_back_once_zookeeper_answers() {
     signal(b.id(), nix::sys::signal::Signal::SIGTERM);
     let _ = wait_exit(&mut b, 5 * SEC);
 }
+
+/// The subcommands on ZooKeeper, as a digest user whose identity owns the
+/// root (`init`): `status` (one lease, every lease, `--json`, the
+/// replication line), `check` at the holder's epoch and another, `release`
+/// of a live lease (its holder's next renewal matches nothing: stopped,
+/// exit 75), and `watch`, which prints the release on the node's watch
+/// while reading only every 10 s.
+#[test]
+fn status_check_release_and_watch() {
+    let srv = stores::zookeeper();
+    let url = srv.url.clone();
+    let dir = TempDir::new("zk-admin");
+    let mut a = spawn(
+        lr(
+            &url,
+            "job",
+            &["--lease", "3s", "--holder", "a-holder"],
+            &worker(&dir, "a"),
+        ),
+        &dir.file("a.log"),
+    );
+    wait_file(&dir.file("a.pid"), 10 * SEC);
+    let epoch = read(&dir.file("a.epoch")).trim().to_string();
+    assert_eq!(epoch, "1");
+
+    let res = admin(&url, &["status", "--name", "job"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    let row = res.stdout.lines().nth(1).unwrap_or_default().to_string();
+    assert!(
+        row.starts_with("job") && row.contains("a-holder"),
+        "{}",
+        res.stdout
+    );
+    // ZooKeeper does not say when it last heard from a session: at most L.
+    assert!(row.ends_with("held, expires in 3s"), "{}", res.stdout);
+    let res = admin(&url, &["status"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    assert!(res.stdout.contains("a-holder"), "{}", res.stdout);
+    assert!(
+        res.stdout.contains("replication: ZAB, a single server"),
+        "{}",
+        res.stdout
+    );
+    let res = admin(&url, &["status", "--name", "job", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(res.stdout.trim()).expect("JSON");
+    assert_eq!(v["holder"], "a-holder", "{v}");
+    assert_eq!(v["epoch"], 1, "{v}");
+    assert_eq!(v["live"], true, "{v}");
+    assert_eq!(v["expires_in_ms"], 3000, "{v}");
+    let res = admin(&url, &["status", "--name", "nothing"]);
+    assert_eq!(res.code, Some(1), "{}", res.stderr);
+
+    for (at, want) in [("1", Some(0)), ("2", Some(1))] {
+        let res = admin(&url, &["check", "--name", "job", "--epoch", at]);
+        assert_eq!(res.code, want, "check --epoch {at}: {}", res.stderr);
+    }
+
+    let mut w = leaderrun();
+    w.args(["--store", &url, "watch", "--name", "job", "--retry", "10s"]);
+    let wlog = dir.file("w.log");
+    let mut w = spawn(w, &wlog);
+    wait_for("watch's first line", 10 * SEC, || {
+        read(&wlog).contains("a-holder")
+    });
+
+    let res = admin(&url, &["release", "--name", "job"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    let released = Instant::now();
+    assert!(res.stdout.contains("released job"), "{}", res.stdout);
+    let said = wait_for("watch to print the release", 5 * SEC, || {
+        read(&wlog).contains("released")
+    });
+    assert!(said < SEC, "{said:?}: not on the watch: {}", read(&wlog));
+    // The holder's next renewal (every R = 1 s) matches nothing.
+    let st = wait_exit(&mut a, 10 * SEC);
+    assert_eq!(st.code(), Some(75), "{}", read(&dir.file("a.log")));
+    assert!(released.elapsed() < 2 * SEC, "{:?}", released.elapsed());
+
+    let res = admin(&url, &["status", "--name", "job"]);
+    assert_eq!(res.code, Some(0), "{}", res.stderr);
+    let row = res.stdout.lines().nth(1).unwrap_or_default().to_string();
+    assert!(
+        row.starts_with("job") && row.ends_with("free"),
+        "{}",
+        res.stdout
+    );
+    let res = admin(&url, &["status", "--name", "job", "--json"]);
+    assert!(
+        res.stdout.contains("\"expires_in_ms\":null"),
+        "{}",
+        res.stdout
+    );
+    let res = admin(&url, &["check", "--name", "job", "--epoch", "1"]);
+    assert_eq!(res.code, Some(1), "{}", res.stderr);
+    let res = admin(&url, &["release", "--name", "job"]);
+    assert_eq!(res.code, Some(1), "nothing to release: {}", res.stdout);
+    signal(w.id(), nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(wait_exit(&mut w, 5 * SEC).code(), Some(0));
+}
