@@ -20,11 +20,12 @@
 use std::time::Duration;
 
 use super::conn::{Conn, Res, ZkError};
+use super::once::{Period, Run};
 use super::proto::{
     code, multi_error, op, read_multi, Acl, Op, OpResult, Reader, Stat, EPHEMERAL, PERSISTENT,
 };
 use crate::store::sql::millis;
-use crate::store::LeaseInfo;
+use crate::store::{Acquired, LeaseInfo};
 
 /// How often an acquisition re-reads after losing a race on the counter,
 /// before it reports the lease as held (someone else is changing it).
@@ -35,6 +36,8 @@ pub(super) struct Paths {
     pub dir: String,
     pub counter: String,
     pub lease: String,
+    /// `--once-per`'s run record (once.rs).
+    pub run: String,
 }
 
 impl Paths {
@@ -46,6 +49,7 @@ impl Paths {
         Paths {
             counter: format!("{dir}/epoch"),
             lease: format!("{dir}/lease"),
+            run: format!("{dir}/run"),
             dir,
         }
     }
@@ -261,7 +265,7 @@ impl Conn {
     /// The ZooKeeper leader's wall clock now (milliseconds since 1970):
     /// the `mtime` a write of `dir`'s (empty) data is stamped with. The
     /// only clock a hold's end is compared with, so no host's clock is.
-    async fn leader_now(&mut self, dir: &str) -> Res<i64> {
+    pub(super) async fn leader_now(&mut self, dir: &str) -> Res<i64> {
         let body = self
             .request(op::SET_DATA, |w| {
                 w.string(dir).buffer(&[]).int(-1);
@@ -285,16 +289,17 @@ impl Conn {
     }
 
     /// Take the lease for `holder`, with the ephemeral node on this
-    /// connection's session. `Some(epoch)` when taken; `None` when it is
-    /// held (or others keep changing it).
+    /// connection's session; under `--once-per` (`half`), the period too
+    /// (once.rs). `Held` when it is held (or others keep changing it).
     pub async fn take(
         &mut self,
         root: &str,
         p: &Paths,
         holder: &str,
         lease: Duration,
+        half: Option<Duration>,
         acl: Acl,
-    ) -> Res<Option<i64>> {
+    ) -> Res<Acquired> {
         for _ in 0..ROUNDS {
             let (counter, current) = self.read(p).await?;
             let last = counter.map_or(0, |(e, _)| e);
@@ -303,13 +308,26 @@ impl Conn {
                 if stat.ephemeral_owner == self.creds.id && g.holder == holder && g.epoch == last {
                     // Ours already: an earlier attempt whose reply was lost
                     // took it on this very session.
-                    return Ok(Some(g.epoch));
+                    return Ok(Acquired::Taken(g.epoch));
                 }
+            }
+            // The period before the lease: a run of this period that still
+            // holds the lease is "done this period" too.
+            let run = match half {
+                Some(half) => match self.period(p, half).await? {
+                    Period::Done { started_ms_ago } => {
+                        return Ok(Acquired::DoneThisPeriod { started_ms_ago })
+                    }
+                    Period::Open { record } => Some(record),
+                },
+                None => None,
+            };
+            if let Some((g, stat)) = &current {
                 if !g.hold {
-                    return Ok(None);
+                    return Ok(Acquired::Held);
                 }
                 if self.leader_now(&p.dir).await? < stat.ctime.saturating_add(g.ms) {
-                    return Ok(None);
+                    return Ok(Acquired::Held);
                 }
                 expired_hold = Some(stat.version);
             }
@@ -354,15 +372,38 @@ impl Conn {
                 acl,
                 flags: EPHEMERAL,
             });
+            // Under --once-per the run record is made anew, so that its
+            // creation time is this run's start by the leader's clock; the
+            // last one is deleted at the version read.
+            let record = Run {
+                epoch,
+                outcome: None,
+                holder: holder.to_string(),
+            }
+            .encode();
+            if let Some(last_run) = run {
+                if let Some(version) = last_run {
+                    ops.push(Op::Delete {
+                        path: &p.run,
+                        version,
+                    });
+                }
+                ops.push(Op::Create {
+                    path: &p.run,
+                    data: &record,
+                    acl,
+                    flags: PERSISTENT,
+                });
+            }
             match self.multi(&ops).await? {
-                Ok(_) => return Ok(Some(epoch)),
+                Ok(_) => return Ok(Acquired::Taken(epoch)),
                 // Someone else moved the counter or the lease node between
                 // the reads and the multi: read again.
                 Err(code::BAD_VERSION | code::NODE_EXISTS | code::NO_NODE) => continue,
                 Err(c) => return Err(ZkError::Server(c)),
             }
         }
-        Ok(None)
+        Ok(Acquired::Held)
     }
 
     /// Whether the lease is still `holder`'s at `epoch` on this session:

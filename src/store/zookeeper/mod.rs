@@ -39,7 +39,8 @@
 //! `--min-hold` leaves a persistent node that ends `keep` after its
 //! creation by the ZooKeeper leader's clock, compared with that same
 //! clock (lease.rs, `leader_now`): across a failover of the ensemble
-//! it is a different machine's clock.
+//! it is a different machine's clock. `--once-per`'s rule and record are
+//! a node made anew by the acquiring `multi`, by that same clock (once.rs).
 //!
 //! With `zk://user:password@…`, every node is created with the creator's
 //! ACL (digest authentication), so only the same credentials may touch a
@@ -50,13 +51,14 @@ use std::time::Duration;
 use super::session::{Connect, Session};
 use super::wake::Subscription;
 use super::{
-    Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Store, StoreError, Target,
-    UrlError,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Replication, RunRecord,
+    Store, StoreError, Target, UrlError,
 };
 
 mod conn;
 mod ensemble;
 mod lease;
+mod once;
 mod proto;
 mod url;
 pub(crate) mod wake;
@@ -145,8 +147,103 @@ impl Backend for ZkStore {
             self.acl(),
         );
         let holder = key.holder.as_str();
+        let got = self
+            .call(timeout, "cannot acquire in", async |c| {
+                c.take(&root, &p, holder, lease, None, acl).await
+            })
+            .await?;
+        Ok(got.epoch())
+    }
+
+    fn once_per(&self) -> bool {
+        true
+    }
+
+    /// The period is the run record's creation time by the ZooKeeper
+    /// leader's clock, checked and replaced in the acquiring `multi`
+    /// (once.rs).
+    async fn acquire_once(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        half: Duration,
+        timeout: Duration,
+    ) -> Result<Acquired, StoreError> {
+        self.for_lease(lease);
+        let (root, p, acl) = (
+            self.root.clone(),
+            Paths::new(&self.root, &key.name),
+            self.acl(),
+        );
+        let holder = key.holder.as_str();
         self.call(timeout, "cannot acquire in", async |c| {
-            c.take(&root, &p, holder, lease, acl).await
+            c.take(&root, &p, holder, lease, Some(half), acl).await
+        })
+        .await
+    }
+
+    /// The record's end first, then the release: a `not started` run's
+    /// record says so before the lease is free, so no racer finds the lease
+    /// free and the period taken. A record that could not be written does
+    /// not keep the lease from being handed back.
+    async fn release_ending(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        outcome: Outcome,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let (p, acl) = (Paths::new(&self.root, &key.name), self.acl());
+        let holder = key.holder.as_str();
+        let outcome = outcome.to_string();
+        let (ended, released) = self
+            .op(timeout, "cannot release in", async |c| {
+                let ended = c.end_run(&p, holder, epoch, &outcome).await;
+                let released = c.give_back(&p, holder, epoch, keep, acl).await?;
+                Ok((ended.err(), released))
+            })
+            .await?;
+        if let Some(e) = ended {
+            tracing::warn!(
+                event = "store_error",
+                epoch,
+                "could not write the end of the run of {} into the store {}: {e}; its record \
+                 shows no end",
+                key.name,
+                self.s.c.shown()
+            );
+        }
+        Ok(released)
+    }
+
+    async fn run_records(
+        &mut self,
+        name: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let root = self.root.clone();
+        self.op(timeout, "cannot read", async |c| {
+            let names = match name {
+                Some(n) => vec![n.to_string()],
+                None => {
+                    let mut all: Vec<String> = c
+                        .children(&root)
+                        .await?
+                        .iter()
+                        .filter_map(|n| lease::lease_name(n))
+                        .collect();
+                    all.sort();
+                    all
+                }
+            };
+            let mut out = Vec::new();
+            for n in names {
+                if let Some(r) = c.run_record(&n, &Paths::new(&root, &n)).await? {
+                    out.push(r);
+                }
+            }
+            Ok(out)
         })
         .await
     }
