@@ -125,6 +125,10 @@ fn a_session_ended_under_a_held_lease_is_a_loss() {
     assert!(!alive(child), "the command outlived the loss");
     assert!(log.contains("the renewal matched nothing"), "{log}");
     assert!(
+        log.contains("the ZooKeeper session that held lease s expired (or was closed)"),
+        "{log}"
+    );
+    assert!(
         took < 500 * MS + 1500 * MS,
         "noticed {took:?} after the end"
     );

@@ -284,16 +284,28 @@ impl Backend for ZkStore {
             }
         }
         let had = self.s.c.creds.as_ref().map(|c| c.id);
-        let ours = self
+        let (ours, expired) = self
             .call(timeout, "cannot renew in", async |c| {
                 // A session that expired was replaced by a fresh one in the
                 // handshake: the lease node went with the old one.
                 if had != Some(c.creds.id) {
-                    return Ok(false);
+                    return Ok((false, true));
                 }
-                c.still_ours(&p, holder, epoch).await
+                Ok((c.still_ours(&p, holder, epoch).await?, false))
             })
             .await?;
+        if expired {
+            // The loss that follows says only that the renewal matched
+            // nothing; this is why, on this store.
+            tracing::warn!(
+                event = "session_expired",
+                epoch,
+                "the ZooKeeper session that held lease {} expired (or was closed) in {}: the \
+                 ensemble deleted its lease node",
+                key.name,
+                self.s.c.shown()
+            );
+        }
         Ok(ours)
     }
 
