@@ -166,6 +166,13 @@ fn expiry_is_told_from_a_release_redis() {
     expiry_is_told_from_a_release(stores::redis());
 }
 
+/// ZooKeeper deletes the node of an expired session; the time left is
+/// counted from the last renewal's stamp on it.
+#[test]
+fn expiry_is_told_from_a_release_zookeeper() {
+    expiry_is_told_from_a_release(stores::zookeeper());
+}
+
 /// Without a name, every lease by polling: an acquisition, a takeover at a
 /// new epoch and a release, each once, in order; SIGINT ends it with 0.
 #[test]

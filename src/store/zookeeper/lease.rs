@@ -407,7 +407,7 @@ impl Conn {
     }
 
     /// Whether the lease is still `holder`'s at `epoch` on this session:
-    /// one `multi` of checks, which ZooKeeper's leader runs through its
+    /// one `multi` (a check, a rewrite), which ZooKeeper's leader runs through its
     /// quorum like any write, after checking the session is alive. The
     /// caller made a fresh handshake first (mod.rs says why).
     pub async fn still_ours(&mut self, p: &Paths, holder: &str, epoch: i64) -> Res<bool> {
@@ -417,27 +417,32 @@ impl Conn {
         };
         // The lease node's own version, never -1: -1 is ZooKeeper's "any
         // version", which would pass a node that is no longer ours.
-        let lease_version = match &current {
+        let (g, lease_version) = match current {
             Some((g, stat))
                 if !g.hold
                     && g.epoch == epoch
                     && g.holder == holder
                     && stat.ephemeral_owner == self.creds.id =>
             {
-                stat.version
+                (g, stat.version)
             }
             _ => return Ok(false),
         };
         if e != epoch {
             return Ok(false);
         }
+        // The lease node rewritten as it is, at its version: as much a
+        // proof as a check, and its `mtime` becomes this renewal's time by
+        // the leader's clock, from which `info` tells how long is left.
+        let data = g.encode();
         let checks = [
             Op::Check {
                 path: &p.counter,
                 version,
             },
-            Op::Check {
+            Op::SetData {
                 path: &p.lease,
+                data: &data,
                 version: lease_version,
             },
         ];
@@ -461,12 +466,34 @@ impl Conn {
         keep: Duration,
         acl: Acl,
     ) -> Res<bool> {
+        // A renewal rewrites the lease node (a new version): one still in
+        // flight when this read is made (the watchdog's hand-back after a
+        // kill -9) fails this multi, and a second look finds the node
+        // still this holder's at the new version.
+        for _ in 0..ROUNDS {
+            match self.give_back_once(p, holder, epoch, keep, acl).await? {
+                Some(done) => return Ok(done),
+                None => continue,
+            }
+        }
+        Ok(false)
+    }
+
+    /// One look and one `multi`; `None` when the node changed in between.
+    async fn give_back_once(
+        &mut self,
+        p: &Paths,
+        holder: &str,
+        epoch: i64,
+        keep: Duration,
+        acl: Acl,
+    ) -> Res<Option<bool>> {
         let (counter, current) = self.read(p).await?;
         let (Some((e, version)), Some((g, stat))) = (counter, current) else {
-            return Ok(false);
+            return Ok(Some(false));
         };
         if e != epoch || g.epoch != epoch || g.holder != holder || g.hold {
-            return Ok(false);
+            return Ok(Some(false));
         }
         let next = e.to_string();
         let hold = Grant {
@@ -501,8 +528,9 @@ impl Conn {
             });
         }
         match self.multi(&ops).await? {
-            Ok(_) => Ok(true),
-            Err(code::BAD_VERSION | code::NO_NODE) => Ok(false),
+            Ok(_) => Ok(Some(true)),
+            Err(code::BAD_VERSION) => Ok(None),
+            Err(code::NO_NODE) => Ok(Some(false)),
             Err(c) => Err(ZkError::Server(c)),
         }
     }
@@ -522,9 +550,16 @@ impl Conn {
                 let left = stat.ctime.saturating_add(g.ms).saturating_sub(now);
                 (Some(g.holder).filter(|_| left > 0), Some(left))
             }
-            // At most this much: the session times out that long after
-            // the ensemble last heard from its holder.
-            Some((g, _)) => (Some(g.holder), Some(g.ms)),
+            // The session times out `ms` after the ensemble last heard
+            // from its holder, which is when the last renewal (or the
+            // acquisition) stamped the node, by the leader's clock; the
+            // ensemble expires sessions up to a tick late, and a new leader
+            // restarts every timeout, so a node still there is held.
+            Some((g, stat)) => {
+                let now = self.leader_now(&p.dir).await?;
+                let left = stat.mtime.saturating_add(g.ms).saturating_sub(now);
+                (Some(g.holder), Some(left.max(1)))
+            }
         };
         Ok(Some(LeaseInfo {
             name: name.to_string(),

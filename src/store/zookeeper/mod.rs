@@ -27,10 +27,12 @@
 //! when it takes over, which only lengthens the lease (hence
 //! `failover_extends_lease`).
 //!
-//! Renewal is a `multi` of two checks (the counter at the version of our
-//! grant, the lease node at its version), which the leader runs through
-//! its quorum after checking that the session is alive: a `true` means a
-//! quorum agreed, after the revalidation, that the lease is ours.
+//! Renewal is a `multi` of a check of the counter at the version of our
+//! grant and a rewrite of the lease node, unchanged, at its version, which
+//! the leader runs through its quorum after checking that the session is
+//! alive: a `true` means a quorum agreed, after the revalidation, that the
+//! lease is ours. The rewrite stamps the node with the renewal's time by
+//! the leader's clock, from which `inspect` tells how long is left.
 //!
 //! A server behind what this client has already seen refuses to resume
 //! its session (conn.rs), so moving between servers never shows older
