@@ -116,6 +116,7 @@ pub async fn run(cmd: Admin, common: Common) -> Result<Exit, Error> {
                 Init::NothingToDo => {
                     crate::outln!("nothing to do: {} keeps no table", store.describe())
                 }
+                Init::Done(what) => crate::outln!("{what}"),
             }
             Ok(Exit::Yes)
         }

@@ -68,6 +68,7 @@ impl Error {
             Error::Usage(_) => Exit::Usage,
             Error::Resolve(e) => e.exit(),
             Error::Spawn(e) => e.exit(),
+            Error::Store(e) if e.kind() == crate::store::ErrorKind::Usage => Exit::Usage,
             Error::Store(_)
             | Error::NoStoreFile { .. }
             | Error::Watchdog(_)
@@ -83,6 +84,7 @@ impl Error {
         match self {
             Error::Usage(_) => "usage_error",
             Error::Resolve(e) if e.exit() == Exit::Usage => "usage_error",
+            Error::Store(e) if e.kind() == crate::store::ErrorKind::Usage => "usage_error",
             Error::Resolve(_) | Error::Store(_) | Error::NoStoreFile { .. } => "store_error",
             Error::Spawn(_) => "spawn_failed",
             Error::Watchdog(_) | Error::Unguarded => "watchdog_failed",

@@ -79,6 +79,11 @@ fn checks_the_parents_store_embedded() {
     checks_the_parents_store(stores::sqlite());
 }
 
+#[test]
+fn checks_the_parents_store_zookeeper() {
+    checks_the_parents_store(stores::zookeeper());
+}
+
 /// A command that traps SIGTERM and checks: once the stop has begun, the
 /// answer is no. `kind` says how the lease goes: released by an operator
 /// (seen at the next renewal, before the give-up deadline: only the

@@ -97,6 +97,11 @@ fn wakeup_etcd() {
 }
 
 #[test]
+fn wakeup_zookeeper() {
+    wakeup(stores::zookeeper());
+}
+
+#[test]
 fn wakeup_embedded() {
     wakeup(stores::sqlite());
 }
@@ -134,6 +139,13 @@ fn watchdog_release_wakes_the_waiter_postgres() {
 #[test]
 fn watchdog_release_wakes_the_waiter_embedded() {
     watchdog_release(stores::sqlite());
+}
+
+/// ZooKeeper: the watchdog's release deletes the dead holder's node at its
+/// version from a session of its own (the lease's session is leaderrun's).
+#[test]
+fn watchdog_release_wakes_the_waiter_zookeeper() {
+    watchdog_release(stores::zookeeper());
 }
 
 /// `leaderrun release` (clear) publishes the wake-up too.
@@ -342,6 +354,13 @@ fn takeover_at_expiry_etcd() {
     at_expiry(stores::etcd(), 3 * SEC, SEC);
 }
 
+/// ZooKeeper ends the session, and deletes the lease node, a tick (100 ms
+/// here) after its timeout; the watch on the node fires then.
+#[test]
+fn takeover_at_expiry_zookeeper() {
+    at_expiry(stores::zookeeper(), 2 * SEC, SEC);
+}
+
 /// `--max-term`: the leader stops its command, releases, and exits 75 only
 /// once the waiting contender leads.
 fn max_term(srv: Server) {
@@ -391,6 +410,11 @@ fn max_term_hands_over_postgres() {
 #[test]
 fn max_term_hands_over_embedded() {
     max_term(stores::sqlite());
+}
+
+#[test]
+fn max_term_hands_over_zookeeper() {
+    max_term(stores::zookeeper());
 }
 
 #[test]

@@ -39,6 +39,7 @@ mod store_postgres;
 mod store_redis;
 mod store_sqlite;
 mod store_strings;
+mod store_zookeeper;
 mod strangers;
 mod systemd_unit;
 mod terminal;

@@ -162,6 +162,11 @@ fn a_free_lease_has_no_expiry_in_json_redis() {
     a_free_lease_has_no_expiry_in_json(stores::redis());
 }
 
+#[test]
+fn a_free_lease_has_no_expiry_in_json_zookeeper() {
+    a_free_lease_has_no_expiry_in_json(stores::zookeeper());
+}
+
 /// A try-once run whose store does not answer (every byte held back) says
 /// which store, as `status` does.
 #[test]

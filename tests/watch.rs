@@ -118,6 +118,12 @@ fn release_is_pushed_etcd() {
     release_is_pushed(stores::etcd());
 }
 
+/// The watch on the lease node.
+#[test]
+fn release_is_pushed_zookeeper() {
+    release_is_pushed(stores::zookeeper());
+}
+
 /// A holder killed with its watchdog gives nothing back: the lease runs
 /// out (L = 1 s) and the watcher says so, whether the store keeps the
 /// expired row (embedded) or deletes the key (Redis).
@@ -158,6 +164,13 @@ fn expiry_is_told_from_a_release_embedded() {
 #[test]
 fn expiry_is_told_from_a_release_redis() {
     expiry_is_told_from_a_release(stores::redis());
+}
+
+/// ZooKeeper deletes the node of an expired session; the time left is
+/// counted from the last renewal's stamp on it.
+#[test]
+fn expiry_is_told_from_a_release_zookeeper() {
+    expiry_is_told_from_a_release(stores::zookeeper());
 }
 
 /// Without a name, every lease by polling: an acquisition, a takeover at a

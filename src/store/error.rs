@@ -15,6 +15,10 @@ pub enum ErrorKind {
     /// There is no lease table where one was looked for (will not heal by
     /// itself: `leaderrun init`, or a first run, creates it).
     NoTable,
+    /// The store will not do what the command line asks, found only once it
+    /// answered (ZooKeeper grants another session timeout than `--lease`):
+    /// a usage error (exit 2), like a lease refused before connecting.
+    Usage,
 }
 
 /// Why a store call failed: what it means ([`ErrorKind`]), one line for
@@ -44,6 +48,11 @@ impl StoreError {
     /// A failure that will not heal.
     pub fn fatal(text: impl Into<String>) -> StoreError {
         StoreError::new(ErrorKind::WillNotHeal, text)
+    }
+
+    /// What the command line asks cannot be done on this store (exit 2).
+    pub fn usage(text: impl Into<String>) -> StoreError {
+        StoreError::new(ErrorKind::Usage, text)
     }
 
     /// `kind` for `heals`: may heal, or will not.

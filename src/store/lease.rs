@@ -156,12 +156,15 @@ pub struct Schema {
 }
 
 /// What `init` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Init {
     /// The lease table exists now (created or already there).
     Ready,
     /// This store keeps no table; there is nothing to create.
     NothingToDo,
+    /// What a store without a table made ready, in its own words (ZooKeeper:
+    /// the base node, and who may use it).
+    Done(String),
 }
 
 /// What the store's replication can do to an acknowledged write, as

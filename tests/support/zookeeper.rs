@@ -120,6 +120,12 @@ pub struct Zk {
 
 impl Zk {
     pub fn start() -> Zk {
+        Zk::start_with("")
+    }
+
+    /// With `extra` lines of `zoo.cfg` after the common ones (a later line
+    /// wins: `maxSessionTimeout=1000`).
+    pub fn start_with(extra: &str) -> Zk {
         let dir = TempDir::new("zk");
         for attempt in 0..5 {
             let port = free_port();
@@ -128,7 +134,10 @@ impl Zk {
             let cfg = dir.file(&format!("zoo-{attempt}.cfg"));
             std::fs::write(
                 &cfg,
-                format!("{COMMON}dataDir={}\nclientPort={port}\n", data.display()),
+                format!(
+                    "{COMMON}{extra}dataDir={}\nclientPort={port}\n",
+                    data.display()
+                ),
             )
             .expect("zoo.cfg");
             let mut member = Member {
@@ -148,4 +157,148 @@ impl Zk {
     pub fn port(&self) -> u16 {
         self.member.port
     }
+}
+
+/// A minimal ZooKeeper client for the tests, on its own session: reads what
+/// leaderrun wrote, makes nodes with a given ACL, and ends a session by its
+/// id and password (what the lease node records), which the server then
+/// treats as expired: its ephemeral nodes go, and resuming it is refused.
+pub struct Client {
+    s: TcpStream,
+    xid: i32,
+}
+
+/// `world:anyone` with these permissions (`ZooDefs.Perms`: read 1, write 2,
+/// create 4, delete 8, admin 16).
+pub const READ: i32 = 1;
+pub const ALL: i32 = 31;
+
+fn put_buf(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as i32).to_be_bytes());
+    out.extend_from_slice(b);
+}
+
+fn int_at(b: &[u8], at: usize) -> i32 {
+    i32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+impl Client {
+    /// A new session (10 s), or `resume`'s (id, password).
+    pub fn connect(port: u16, resume: Option<(i64, &[u8])>) -> Client {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect to ZooKeeper");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut c = Client { s, xid: 1 };
+        let (id, pw) = resume.unwrap_or((0, &[0u8; 16]));
+        let mut req = Vec::new();
+        req.extend_from_slice(&0i32.to_be_bytes());
+        req.extend_from_slice(&0i64.to_be_bytes());
+        req.extend_from_slice(&10_000i32.to_be_bytes());
+        req.extend_from_slice(&id.to_be_bytes());
+        put_buf(&mut req, pw);
+        req.push(0);
+        c.send(&req);
+        let reply = c.frame();
+        assert!(int_at(&reply, 4) > 0, "ZooKeeper refused the session");
+        c
+    }
+
+    fn send(&mut self, body: &[u8]) {
+        let mut f = (body.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(body);
+        self.s.write_all(&f).expect("write to ZooKeeper");
+    }
+
+    fn frame(&mut self) -> Vec<u8> {
+        let mut len = [0u8; 4];
+        self.s.read_exact(&mut len).expect("read from ZooKeeper");
+        let mut f = vec![0u8; u32::from_be_bytes(len) as usize];
+        self.s.read_exact(&mut f).expect("read from ZooKeeper");
+        f
+    }
+
+    /// Request `op` with `body`: the error code and the reply's record.
+    fn call(&mut self, op: i32, body: &[u8]) -> (i32, Vec<u8>) {
+        let xid = self.xid;
+        self.xid += 1;
+        let mut req = xid.to_be_bytes().to_vec();
+        req.extend_from_slice(&op.to_be_bytes());
+        req.extend_from_slice(body);
+        self.send(&req);
+        loop {
+            let f = self.frame();
+            if int_at(&f, 0) == xid {
+                return (int_at(&f, 12), f[16..].to_vec());
+            }
+        }
+    }
+
+    /// A node's data; `None` when it does not exist.
+    pub fn get(&mut self, path: &str) -> Option<Vec<u8>> {
+        let mut body = Vec::new();
+        put_buf(&mut body, path.as_bytes());
+        body.push(0);
+        match self.call(4, &body) {
+            (0, r) => {
+                let n = int_at(&r, 0).max(0) as usize;
+                Some(r[4..4 + n].to_vec())
+            }
+            (-101, _) => None,
+            (e, _) => panic!("get {path}: error {e}"),
+        }
+    }
+
+    /// The names of a node's children (empty when it does not exist).
+    pub fn children(&mut self, path: &str) -> Vec<String> {
+        let mut body = Vec::new();
+        put_buf(&mut body, path.as_bytes());
+        body.push(0);
+        match self.call(8, &body) {
+            (0, r) => {
+                let mut out = Vec::new();
+                let mut at = 4;
+                for _ in 0..int_at(&r, 0) {
+                    let n = int_at(&r, at) as usize;
+                    out.push(String::from_utf8_lossy(&r[at + 4..at + 4 + n]).into_owned());
+                    at += 4 + n;
+                }
+                out.sort();
+                out
+            }
+            (-101, _) => Vec::new(),
+            (e, _) => panic!("children of {path}: error {e}"),
+        }
+    }
+
+    /// A persistent node open to anyone with `perms`.
+    pub fn create(&mut self, path: &str, perms: i32) {
+        let mut body = Vec::new();
+        put_buf(&mut body, path.as_bytes());
+        put_buf(&mut body, b"");
+        body.extend_from_slice(&1i32.to_be_bytes());
+        body.extend_from_slice(&perms.to_be_bytes());
+        put_buf(&mut body, b"world");
+        put_buf(&mut body, b"anyone");
+        body.extend_from_slice(&0i32.to_be_bytes());
+        let (e, _) = self.call(1, &body);
+        assert_eq!(e, 0, "create {path}");
+    }
+
+    /// End this session (closeSession), as the server does at expiry.
+    pub fn close(mut self) {
+        let (e, _) = self.call(-11, &[]);
+        assert_eq!(e, 0, "closeSession");
+    }
+}
+
+/// The session a lease node names (`EPOCH\nlease\nMS\nID:HEXPASSWORD\nHOLDER`).
+pub fn session_of(lease_node: &[u8]) -> (i64, Vec<u8>) {
+    let text = String::from_utf8_lossy(lease_node);
+    let line = text.lines().nth(3).expect("a session line");
+    let (id, hex) = line.split_once(':').expect("id:password");
+    let pw = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect();
+    (id.parse().expect("session id"), pw)
 }

@@ -33,9 +33,12 @@ pub(super) enum ZkError {
     /// The session this client held has expired (or was closed): its
     /// ephemeral nodes are gone.
     Expired,
-    /// Nothing a retry could change (a session timeout the server will not
-    /// grant, a refused authentication), said for people.
+    /// Nothing a retry could change (a refused authentication, nodes that
+    /// are not leaderrun's), said for people.
     Refused(String),
+    /// What the command line asks is not what the server grants (a session
+    /// timeout clamped to its bounds): a usage error, said for people.
+    Unusable(String),
 }
 
 impl ZkError {
@@ -45,7 +48,7 @@ impl ZkError {
     pub fn is_transient(&self) -> bool {
         match self {
             ZkError::Io(_) | ZkError::Malformed(_) | ZkError::Expired => true,
-            ZkError::Refused(_) => false,
+            ZkError::Refused(_) | ZkError::Unusable(_) => false,
             ZkError::Server(c) => !matches!(
                 *c,
                 code::NO_AUTH
@@ -73,7 +76,7 @@ impl std::fmt::Display for ZkError {
             ZkError::Server(c) => write!(f, "{} (error {c})", code_name(*c)),
             ZkError::Malformed(m) => write!(f, "{m}"),
             ZkError::Expired => f.write_str("the session expired"),
-            ZkError::Refused(why) => f.write_str(why),
+            ZkError::Refused(why) | ZkError::Unusable(why) => f.write_str(why),
         }
     }
 }

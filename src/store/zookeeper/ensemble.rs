@@ -82,7 +82,7 @@ impl Ensemble {
                 r => r?,
             };
         if self.exact && c.creds.timeout_ms != self.ask_ms {
-            return Err(ZkError::Refused(format!(
+            return Err(ZkError::Unusable(format!(
                 "it granted a session timeout of {}ms, not the {}ms --lease asks for \
                  (ZooKeeper grants from minSessionTimeout to maxSessionTimeout, by default \
                  2 to 20 × its tickTime): use --lease {}ms",
@@ -144,6 +144,9 @@ impl Connect for Ensemble {
     fn classify(&self, what: &str, e: ZkError) -> StoreError {
         // ZooKeeper's codes and our own words name no password.
         let msg = format!("{what} the store {}: {e}", self.shown);
+        if let ZkError::Unusable(_) = e {
+            return StoreError::usage(msg).with_source(e);
+        }
         StoreError::healing(e.is_transient(), msg).with_source(e)
     }
 }

@@ -20,11 +20,12 @@
 use std::time::Duration;
 
 use super::conn::{Conn, Res, ZkError};
+use super::once::{Period, Run};
 use super::proto::{
     code, multi_error, op, read_multi, Acl, Op, OpResult, Reader, Stat, EPHEMERAL, PERSISTENT,
 };
 use crate::store::sql::millis;
-use crate::store::LeaseInfo;
+use crate::store::{Acquired, LeaseInfo};
 
 /// How often an acquisition re-reads after losing a race on the counter,
 /// before it reports the lease as held (someone else is changing it).
@@ -35,6 +36,8 @@ pub(super) struct Paths {
     pub dir: String,
     pub counter: String,
     pub lease: String,
+    /// `--once-per`'s run record (once.rs).
+    pub run: String,
 }
 
 impl Paths {
@@ -46,6 +49,7 @@ impl Paths {
         Paths {
             counter: format!("{dir}/epoch"),
             lease: format!("{dir}/lease"),
+            run: format!("{dir}/run"),
             dir,
         }
     }
@@ -185,8 +189,14 @@ impl Conn {
         }
     }
 
-    /// Create `path` when missing (its parent must exist).
+    /// Create `path` when missing (its parent must exist). Looked for
+    /// first: ZooKeeper checks the parent's `create` permission before it
+    /// says a node exists, so a root made by someone else under a parent
+    /// this identity may only read would otherwise refuse every run.
     pub async fn ensure(&mut self, path: &str, acl: Acl) -> Res<()> {
+        if self.exists(path, false).await? {
+            return Ok(());
+        }
         let create = Op::Create {
             path,
             data: &[],
@@ -197,6 +207,20 @@ impl Conn {
             Ok(_) | Err(ZkError::Server(code::NODE_EXISTS)) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// `root` (`CHROOT/leaderrun`) and the chroot's nodes above it, when
+    /// missing: the chroot's open to anyone, as a ZooKeeper client's chroot
+    /// is only a prefix; `root` with `acl`.
+    pub async fn ensure_root(&mut self, root: &str, acl: Acl) -> Res<()> {
+        if let Some(parent) = root.strip_suffix("/leaderrun").filter(|p| !p.is_empty()) {
+            let mut at = String::new();
+            for part in parent.split('/').skip(1) {
+                at = format!("{at}/{part}");
+                self.ensure(&at, Acl::Open).await?;
+            }
+        }
+        self.ensure(root, acl).await
     }
 
     /// A `multi`: `Ok(Ok(results))` when it was applied, `Ok(Err(code))`
@@ -241,7 +265,7 @@ impl Conn {
     /// The ZooKeeper leader's wall clock now (milliseconds since 1970):
     /// the `mtime` a write of `dir`'s (empty) data is stamped with. The
     /// only clock a hold's end is compared with, so no host's clock is.
-    async fn leader_now(&mut self, dir: &str) -> Res<i64> {
+    pub(super) async fn leader_now(&mut self, dir: &str) -> Res<i64> {
         let body = self
             .request(op::SET_DATA, |w| {
                 w.string(dir).buffer(&[]).int(-1);
@@ -265,16 +289,17 @@ impl Conn {
     }
 
     /// Take the lease for `holder`, with the ephemeral node on this
-    /// connection's session. `Some(epoch)` when taken; `None` when it is
-    /// held (or others keep changing it).
+    /// connection's session; under `--once-per` (`half`), the period too
+    /// (once.rs). `Held` when it is held (or others keep changing it).
     pub async fn take(
         &mut self,
         root: &str,
         p: &Paths,
         holder: &str,
         lease: Duration,
+        half: Option<Duration>,
         acl: Acl,
-    ) -> Res<Option<i64>> {
+    ) -> Res<Acquired> {
         for _ in 0..ROUNDS {
             let (counter, current) = self.read(p).await?;
             let last = counter.map_or(0, |(e, _)| e);
@@ -283,18 +308,31 @@ impl Conn {
                 if stat.ephemeral_owner == self.creds.id && g.holder == holder && g.epoch == last {
                     // Ours already: an earlier attempt whose reply was lost
                     // took it on this very session.
-                    return Ok(Some(g.epoch));
+                    return Ok(Acquired::Taken(g.epoch));
                 }
+            }
+            // The period before the lease: a run of this period that still
+            // holds the lease is "done this period" too.
+            let run = match half {
+                Some(half) => match self.period(p, half).await? {
+                    Period::Done { started_ms_ago } => {
+                        return Ok(Acquired::DoneThisPeriod { started_ms_ago })
+                    }
+                    Period::Open { record } => Some(record),
+                },
+                None => None,
+            };
+            if let Some((g, stat)) = &current {
                 if !g.hold {
-                    return Ok(None);
+                    return Ok(Acquired::Held);
                 }
                 if self.leader_now(&p.dir).await? < stat.ctime.saturating_add(g.ms) {
-                    return Ok(None);
+                    return Ok(Acquired::Held);
                 }
                 expired_hold = Some(stat.version);
             }
             if counter.is_none() {
-                self.ensure(root, acl).await?;
+                self.ensure_root(root, acl).await?;
                 self.ensure(&p.dir, acl).await?;
             }
             let epoch = last + 1;
@@ -334,19 +372,42 @@ impl Conn {
                 acl,
                 flags: EPHEMERAL,
             });
+            // Under --once-per the run record is made anew, so that its
+            // creation time is this run's start by the leader's clock; the
+            // last one is deleted at the version read.
+            let record = Run {
+                epoch,
+                outcome: None,
+                holder: holder.to_string(),
+            }
+            .encode();
+            if let Some(last_run) = run {
+                if let Some(version) = last_run {
+                    ops.push(Op::Delete {
+                        path: &p.run,
+                        version,
+                    });
+                }
+                ops.push(Op::Create {
+                    path: &p.run,
+                    data: &record,
+                    acl,
+                    flags: PERSISTENT,
+                });
+            }
             match self.multi(&ops).await? {
-                Ok(_) => return Ok(Some(epoch)),
+                Ok(_) => return Ok(Acquired::Taken(epoch)),
                 // Someone else moved the counter or the lease node between
                 // the reads and the multi: read again.
                 Err(code::BAD_VERSION | code::NODE_EXISTS | code::NO_NODE) => continue,
                 Err(c) => return Err(ZkError::Server(c)),
             }
         }
-        Ok(None)
+        Ok(Acquired::Held)
     }
 
     /// Whether the lease is still `holder`'s at `epoch` on this session:
-    /// one `multi` of checks, which ZooKeeper's leader runs through its
+    /// one `multi` (a check, a rewrite), which ZooKeeper's leader runs through its
     /// quorum like any write, after checking the session is alive. The
     /// caller made a fresh handshake first (mod.rs says why).
     pub async fn still_ours(&mut self, p: &Paths, holder: &str, epoch: i64) -> Res<bool> {
@@ -356,27 +417,32 @@ impl Conn {
         };
         // The lease node's own version, never -1: -1 is ZooKeeper's "any
         // version", which would pass a node that is no longer ours.
-        let lease_version = match &current {
+        let (g, lease_version) = match current {
             Some((g, stat))
                 if !g.hold
                     && g.epoch == epoch
                     && g.holder == holder
                     && stat.ephemeral_owner == self.creds.id =>
             {
-                stat.version
+                (g, stat.version)
             }
             _ => return Ok(false),
         };
         if e != epoch {
             return Ok(false);
         }
+        // The lease node rewritten as it is, at its version: as much a
+        // proof as a check, and its `mtime` becomes this renewal's time by
+        // the leader's clock, from which `info` tells how long is left.
+        let data = g.encode();
         let checks = [
             Op::Check {
                 path: &p.counter,
                 version,
             },
-            Op::Check {
+            Op::SetData {
                 path: &p.lease,
+                data: &data,
                 version: lease_version,
             },
         ];
@@ -400,12 +466,34 @@ impl Conn {
         keep: Duration,
         acl: Acl,
     ) -> Res<bool> {
+        // A renewal rewrites the lease node (a new version): one still in
+        // flight when this read is made (the watchdog's hand-back after a
+        // kill -9) fails this multi, and a second look finds the node
+        // still this holder's at the new version.
+        for _ in 0..ROUNDS {
+            match self.give_back_once(p, holder, epoch, keep, acl).await? {
+                Some(done) => return Ok(done),
+                None => continue,
+            }
+        }
+        Ok(false)
+    }
+
+    /// One look and one `multi`; `None` when the node changed in between.
+    async fn give_back_once(
+        &mut self,
+        p: &Paths,
+        holder: &str,
+        epoch: i64,
+        keep: Duration,
+        acl: Acl,
+    ) -> Res<Option<bool>> {
         let (counter, current) = self.read(p).await?;
         let (Some((e, version)), Some((g, stat))) = (counter, current) else {
-            return Ok(false);
+            return Ok(Some(false));
         };
         if e != epoch || g.epoch != epoch || g.holder != holder || g.hold {
-            return Ok(false);
+            return Ok(Some(false));
         }
         let next = e.to_string();
         let hold = Grant {
@@ -440,8 +528,9 @@ impl Conn {
             });
         }
         match self.multi(&ops).await? {
-            Ok(_) => Ok(true),
-            Err(code::BAD_VERSION | code::NO_NODE) => Ok(false),
+            Ok(_) => Ok(Some(true)),
+            Err(code::BAD_VERSION) => Ok(None),
+            Err(code::NO_NODE) => Ok(Some(false)),
             Err(c) => Err(ZkError::Server(c)),
         }
     }
@@ -461,9 +550,16 @@ impl Conn {
                 let left = stat.ctime.saturating_add(g.ms).saturating_sub(now);
                 (Some(g.holder).filter(|_| left > 0), Some(left))
             }
-            // At most this much: the session times out that long after
-            // the ensemble last heard from its holder.
-            Some((g, _)) => (Some(g.holder), Some(g.ms)),
+            // The session times out `ms` after the ensemble last heard
+            // from its holder, which is when the last renewal (or the
+            // acquisition) stamped the node, by the leader's clock; the
+            // ensemble expires sessions up to a tick late, and a new leader
+            // restarts every timeout, so a node still there is held.
+            Some((g, stat)) => {
+                let now = self.leader_now(&p.dir).await?;
+                let left = stat.mtime.saturating_add(g.ms).saturating_sub(now);
+                (Some(g.holder), Some(left.max(1)))
+            }
         };
         Ok(Some(LeaseInfo {
             name: name.to_string(),
@@ -472,6 +568,74 @@ impl Conn {
             expires_in_ms,
             ..LeaseInfo::default()
         }))
+    }
+
+    /// A node's ACL, each entry as `scheme:id:perms` (`perms` in
+    /// ZooKeeper's letters, `cdrwa`). A digest id is shown by its user
+    /// alone: the rest is a hash of the password.
+    pub async fn acl_of(&mut self, path: &str) -> Res<Vec<String>> {
+        let body = self
+            .request(op::GET_ACL, |w| {
+                w.string(path);
+            })
+            .await?;
+        let mut r = Reader::new(&body);
+        let n = r.int()?;
+        let mut out = Vec::new();
+        for _ in 0..n.max(0) {
+            let (perms, scheme, id) = (r.int()?, r.string()?, r.string()?);
+            let id = match scheme.as_str() {
+                "digest" => id.split(':').next().unwrap_or_default().to_string(),
+                _ => id,
+            };
+            let letters: String = [(4, 'c'), (8, 'd'), (1, 'r'), (2, 'w'), (16, 'a')]
+                .iter()
+                .filter(|(bit, _)| perms & bit != 0)
+                .map(|(_, l)| *l)
+                .collect();
+            out.push(format!("{scheme}:{id}:{letters}"));
+        }
+        Ok(out)
+    }
+
+    /// What this identity lacks under `root` of what a run does there:
+    /// create a node (a new lease's) and list them (`status`). Tried, as
+    /// ZooKeeper has no question for it: an ephemeral probe, named as no
+    /// lease can be (a '.'), created and deleted again (when deleting is
+    /// refused, it goes with the session).
+    pub async fn lacks_under(&mut self, root: &str) -> Res<Vec<&'static str>> {
+        let mut missing = Vec::new();
+        let probe = format!("{root}/init.probe");
+        let create = Op::Create {
+            path: &probe,
+            data: &[],
+            acl: Acl::Open,
+            flags: EPHEMERAL,
+        };
+        match self.request(op::CREATE, |w| create.write(w)).await {
+            // At version 0, which a node just created has: never ZooKeeper's
+            // "any version" (-1).
+            Ok(_) => match self
+                .request(op::DELETE, |w| {
+                    w.string(&probe).int(0);
+                })
+                .await
+            {
+                Ok(_) | Err(ZkError::Server(code::NO_AUTH | code::NO_NODE | code::BAD_VERSION)) => {
+                }
+                Err(e) => return Err(e),
+            },
+            // Another init's probe: the permission was checked first.
+            Err(ZkError::Server(code::NODE_EXISTS)) => {}
+            Err(ZkError::Server(code::NO_AUTH)) => missing.push("create"),
+            Err(e) => return Err(e),
+        }
+        match self.children(root).await {
+            Ok(_) => {}
+            Err(ZkError::Server(code::NO_AUTH)) => missing.push("read"),
+            Err(e) => return Err(e),
+        }
+        Ok(missing)
     }
 
     /// Every lease under `root`, by name.

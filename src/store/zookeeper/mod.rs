@@ -27,10 +27,12 @@
 //! when it takes over, which only lengthens the lease (hence
 //! `failover_extends_lease`).
 //!
-//! Renewal is a `multi` of two checks (the counter at the version of our
-//! grant, the lease node at its version), which the leader runs through
-//! its quorum after checking that the session is alive: a `true` means a
-//! quorum agreed, after the revalidation, that the lease is ours.
+//! Renewal is a `multi` of a check of the counter at the version of our
+//! grant and a rewrite of the lease node, unchanged, at its version, which
+//! the leader runs through its quorum after checking that the session is
+//! alive: a `true` means a quorum agreed, after the revalidation, that the
+//! lease is ours. The rewrite stamps the node with the renewal's time by
+//! the leader's clock, from which `inspect` tells how long is left.
 //!
 //! A server behind what this client has already seen refuses to resume
 //! its session (conn.rs), so moving between servers never shows older
@@ -39,7 +41,8 @@
 //! `--min-hold` leaves a persistent node that ends `keep` after its
 //! creation by the ZooKeeper leader's clock, compared with that same
 //! clock (lease.rs, `leader_now`): across a failover of the ensemble
-//! it is a different machine's clock.
+//! it is a different machine's clock. `--once-per`'s rule and record are
+//! a node made anew by the acquiring `multi`, by that same clock (once.rs).
 //!
 //! With `zk://user:password@…`, every node is created with the creator's
 //! ACL (digest authentication), so only the same credentials may touch a
@@ -50,18 +53,19 @@ use std::time::Duration;
 use super::session::{Connect, Session};
 use super::wake::Subscription;
 use super::{
-    Backend, Capabilities, Init, LeaseInfo, LeaseKey, Replication, Store, StoreError, Target,
-    UrlError,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Replication, RunRecord,
+    Store, StoreError, Target, UrlError,
 };
 
 mod conn;
 mod ensemble;
 mod lease;
+mod once;
 mod proto;
 mod url;
 pub(crate) mod wake;
 
-use self::conn::{Conn, Creds, Res};
+use self::conn::{Conn, Creds, Res, ZkError};
 use self::ensemble::Ensemble;
 use self::lease::{Grant, Paths};
 use self::proto::Acl;
@@ -145,8 +149,103 @@ impl Backend for ZkStore {
             self.acl(),
         );
         let holder = key.holder.as_str();
+        let got = self
+            .call(timeout, "cannot acquire in", async |c| {
+                c.take(&root, &p, holder, lease, None, acl).await
+            })
+            .await?;
+        Ok(got.epoch())
+    }
+
+    fn once_per(&self) -> bool {
+        true
+    }
+
+    /// The period is the run record's creation time by the ZooKeeper
+    /// leader's clock, checked and replaced in the acquiring `multi`
+    /// (once.rs).
+    async fn acquire_once(
+        &mut self,
+        key: &LeaseKey,
+        lease: Duration,
+        half: Duration,
+        timeout: Duration,
+    ) -> Result<Acquired, StoreError> {
+        self.for_lease(lease);
+        let (root, p, acl) = (
+            self.root.clone(),
+            Paths::new(&self.root, &key.name),
+            self.acl(),
+        );
+        let holder = key.holder.as_str();
         self.call(timeout, "cannot acquire in", async |c| {
-            c.take(&root, &p, holder, lease, acl).await
+            c.take(&root, &p, holder, lease, Some(half), acl).await
+        })
+        .await
+    }
+
+    /// The record's end first, then the release: a `not started` run's
+    /// record says so before the lease is free, so no racer finds the lease
+    /// free and the period taken. A record that could not be written does
+    /// not keep the lease from being handed back.
+    async fn release_ending(
+        &mut self,
+        key: &LeaseKey,
+        epoch: i64,
+        keep: Duration,
+        outcome: Outcome,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let (p, acl) = (Paths::new(&self.root, &key.name), self.acl());
+        let holder = key.holder.as_str();
+        let outcome = outcome.to_string();
+        let (ended, released) = self
+            .op(timeout, "cannot release in", async |c| {
+                let ended = c.end_run(&p, holder, epoch, &outcome).await;
+                let released = c.give_back(&p, holder, epoch, keep, acl).await?;
+                Ok((ended.err(), released))
+            })
+            .await?;
+        if let Some(e) = ended {
+            tracing::warn!(
+                event = "store_error",
+                epoch,
+                "could not write the end of the run of {} into the store {}: {e}; its record \
+                 shows no end",
+                key.name,
+                self.s.c.shown()
+            );
+        }
+        Ok(released)
+    }
+
+    async fn run_records(
+        &mut self,
+        name: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let root = self.root.clone();
+        self.op(timeout, "cannot read", async |c| {
+            let names = match name {
+                Some(n) => vec![n.to_string()],
+                None => {
+                    let mut all: Vec<String> = c
+                        .children(&root)
+                        .await?
+                        .iter()
+                        .filter_map(|n| lease::lease_name(n))
+                        .collect();
+                    all.sort();
+                    all
+                }
+            };
+            let mut out = Vec::new();
+            for n in names {
+                if let Some(r) = c.run_record(&n, &Paths::new(&root, &n)).await? {
+                    out.push(r);
+                }
+            }
+            Ok(out)
         })
         .await
     }
@@ -187,16 +286,28 @@ impl Backend for ZkStore {
             }
         }
         let had = self.s.c.creds.as_ref().map(|c| c.id);
-        let ours = self
+        let (ours, expired) = self
             .call(timeout, "cannot renew in", async |c| {
                 // A session that expired was replaced by a fresh one in the
                 // handshake: the lease node went with the old one.
                 if had != Some(c.creds.id) {
-                    return Ok(false);
+                    return Ok((false, true));
                 }
-                c.still_ours(&p, holder, epoch).await
+                Ok((c.still_ours(&p, holder, epoch).await?, false))
             })
             .await?;
+        if expired {
+            // The loss that follows says only that the renewal matched
+            // nothing; this is why, on this store.
+            tracing::warn!(
+                event = "session_expired",
+                epoch,
+                "the ZooKeeper session that held lease {} expired (or was closed) in {}: the \
+                 ensemble deleted its lease node",
+                key.name,
+                self.s.c.shown()
+            );
+        }
         Ok(ours)
     }
 
@@ -246,21 +357,58 @@ impl Backend for ZkStore {
 
     /// The root node, with the credentials' ACL when the URL names a user:
     /// run once with the right credentials, it keeps every other identity
-    /// out of the leases.
+    /// out of the leases. Then what a run does under it is tried, so that
+    /// the answer is "ready" only when a run would work; otherwise it names
+    /// the permissions missing and the node's ACL (exit 125).
     async fn init(&mut self, timeout: Duration) -> Result<Init, StoreError> {
         let (root, acl) = (self.root.clone(), self.acl());
-        self.op(timeout, "cannot use", async |c| {
-            if let Some(parent) = root.strip_suffix("/leaderrun").filter(|p| !p.is_empty()) {
-                let mut at = String::new();
-                for part in parent.split('/').skip(1) {
-                    at = format!("{at}/{part}");
-                    c.ensure(&at, Acl::Open).await?;
-                }
-            }
-            c.ensure(&root, acl).await?;
-            Ok(Init::NothingToDo)
-        })
-        .await
+        let (was, missing, entries) = self
+            .op(timeout, "cannot use", async |c| {
+                let was = c.exists(&root, false).await?;
+                c.ensure_root(&root, acl).await?;
+                let missing = c.lacks_under(&root).await?;
+                // Reading an ACL needs read or admin: a node this identity
+                // may not read shows none.
+                let entries = match c.acl_of(&root).await {
+                    Ok(e) => e,
+                    Err(ZkError::Server(proto::code::NO_AUTH)) => Vec::new(),
+                    Err(e) => return Err(e),
+                };
+                Ok((was, missing, entries))
+            })
+            .await?;
+        let shown = self.s.c.shown();
+        let acl_text = if entries.is_empty() {
+            "not readable by this identity".to_string()
+        } else {
+            entries.join(", ")
+        };
+        let identity = match &self.s.c.user {
+            Some((user, _)) => format!("digest user {user}"),
+            None => "anyone (no user in the store URL)".to_string(),
+        };
+        if !missing.is_empty() {
+            return Err(StoreError::fatal(format!(
+                "{identity} may not {} under {root} in the store {shown} (its ACL: {acl_text}); \
+                 a run creates a node there for each lease name and lists them: give this \
+                 identity cr on it (zkCli: setAcl {root} …), or remove it and run leaderrun \
+                 init with the credentials that are to own it",
+                missing.join(" or "),
+            )));
+        }
+        let open_to_all = entries.iter().any(|e| e.starts_with("world:anyone:"));
+        let what = if was {
+            format!("{root} was already in {shown}; {identity} may create and read under it")
+        } else {
+            format!("created {root} in {shown}")
+        };
+        let warn = if self.s.c.user.is_some() && open_to_all {
+            "; anyone may create leases under it (world:anyone): to keep the node this identity's, \
+             remove it and run leaderrun init again"
+        } else {
+            ""
+        };
+        Ok(Init::Done(format!("{what} (ACL: {acl_text}){warn}")))
     }
 
     /// ZAB: a write is acknowledged once a quorum of the voting servers

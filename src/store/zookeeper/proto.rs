@@ -23,6 +23,7 @@ pub(super) mod op {
     pub const EXISTS: i32 = 3;
     pub const GET_DATA: i32 = 4;
     pub const SET_DATA: i32 = 5;
+    pub const GET_ACL: i32 = 6;
     pub const GET_CHILDREN: i32 = 8;
     pub const SYNC: i32 = 9;
     pub const PING: i32 = 11;
