@@ -470,7 +470,7 @@ fn once_per_period_is_claimed_with_the_acquire(srv: Server) {
     use leaderrun::store::{Acquired, Outcome};
     let once = |holder: &str, half: Duration| {
         let mut l = lock(&srv.url, "once", holder);
-        l.once_per(half);
+        l.once_per(leaderrun::store::Period::new(half));
         l
     };
     // Long enough that the racing round is over well inside it; the last

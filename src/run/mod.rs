@@ -167,8 +167,8 @@ impl Run {
             job.holder
         );
         let mut lock = store.lock(job.name.clone(), job.holder.clone());
-        if let Some((_, half)) = &job.once_per {
-            lock.once_per(*half);
+        if let Some((_, period)) = &job.once_per {
+            lock.once_per(*period);
         }
         let wakeups = if job.push { lock.wakeups() } else { None };
         let extends = lock.capabilities().failover_extends_lease;

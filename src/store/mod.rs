@@ -83,7 +83,10 @@ use std::time::Duration;
 
 pub use error::{ErrorKind, StoreError, UrlError};
 pub use lease::{Capabilities, GrantError, Init, LeaseInfo, Replication, Schema, MAX_STORED};
-pub use once::{Acquired, Outcome, RunRecord, NOT_STARTED};
+pub use once::{
+    known_outcome, unreadable, Acquired, Outcome, Period, RunRecord, FUTURE_LIMIT, NOT_STARTED,
+    SUCCEEDED,
+};
 use target::parse;
 pub use target::{choose, Origin, ResolveError, Target};
 pub use wake::{Subscription, Wakeups};
@@ -242,13 +245,16 @@ pub(crate) trait Backend {
 
     /// Take the lease *and the period* in one atomic step: taken only when
     /// the lease is free or expired and no run of this name started less
-    /// than `half` ago by the store's clock; the run record's start is
-    /// written in that step. Tells "held" from "done this period".
+    /// than `period.half` ago by the store's clock (or, with
+    /// `period.retry_failed`, that run failed); the run record's start is
+    /// written in that step. Tells "held" from "done this period". A run
+    /// record the store cannot make sense of is an error that will not
+    /// heal ([`unreadable`]), never a guess.
     async fn acquire_once(
         &mut self,
         _key: &LeaseKey,
         _lease: Duration,
-        _half: Duration,
+        _period: Period,
         _timeout: Duration,
     ) -> Result<Acquired, StoreError> {
         Err(StoreError::fatal(
@@ -421,7 +427,7 @@ impl Store {
                 name: name.into(),
                 holder: holder.into(),
             },
-            half_period: None,
+            period: None,
             ending: None,
         }
     }
@@ -487,8 +493,8 @@ pub trait LeaseLock {
 pub struct Lock {
     store: Store,
     key: LeaseKey,
-    /// `--once-per`'s half period: acquires then take the period too.
-    half_period: Option<Duration>,
+    /// `--once-per`'s rule: acquires then take the period too.
+    period: Option<Period>,
     /// How the run ended, written with the release (`--once-per` only).
     ending: Option<Outcome>,
 }
@@ -511,11 +517,11 @@ impl Lock {
         self.store.wakeups(&self.key.name)
     }
 
-    /// Acquire under `--once-per` with this half period: every acquire
-    /// then also takes the period and writes the run record's start. The
-    /// run form has checked that the store keeps the rule.
-    pub fn once_per(&mut self, half: Duration) {
-        self.half_period = Some(half);
+    /// Acquire under `--once-per` with this rule: every acquire then also
+    /// takes the period and writes the run record's start. The run form
+    /// has checked that the store keeps the rule.
+    pub fn once_per(&mut self, period: Period) {
+        self.period = Some(period);
     }
 }
 
@@ -536,9 +542,9 @@ impl LeaseLock for Lock {
 
     async fn take(&mut self, lease: Duration, timeout: Duration) -> Result<Acquired, StoreError> {
         let key = &self.key;
-        match self.half_period {
-            Some(half) => {
-                each!(&mut self.store, b => b.acquire_once(key, lease, half, timeout).await)
+        match self.period {
+            Some(period) => {
+                each!(&mut self.store, b => b.acquire_once(key, lease, period, timeout).await)
             }
             None => Ok(
                 match each!(&mut self.store, b => b.acquire(key, lease, timeout).await)? {
@@ -581,7 +587,7 @@ impl LeaseLock for Lock {
     /// Written into the run record by the release that follows (under
     /// `--once-per`; otherwise a release is a release).
     fn ending(&mut self, outcome: Outcome) {
-        if self.half_period.is_some() {
+        if self.period.is_some() {
             self.ending = Some(outcome);
         }
     }

@@ -67,8 +67,8 @@ use tokio::time::Instant;
 use super::session::{Connect, Session};
 use super::wake::Subscription;
 use super::{
-    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Replication, RunRecord,
-    Store, StoreError, Target, MAX_STORED,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Period, Replication,
+    RunRecord, Store, StoreError, Target, MAX_STORED,
 };
 
 mod api;
@@ -186,16 +186,17 @@ impl Backend for EtcdStore {
         &mut self,
         key: &LeaseKey,
         lease: Duration,
-        half: Duration,
+        period: Period,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
-        let (ttl, half) = (ttl_secs(lease), ttl_secs(half));
+        let (ttl, half) = (ttl_secs(lease), ttl_secs(period.half));
         let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let (got, id) = self
             .call(timeout, "cannot acquire in", async |m| {
-                m.take_once(name, holder, ttl, half).await
+                m.take_once(name, holder, ttl, half, period).await
             })
-            .await?;
+            .await?
+            .map_err(|why| crate::store::unreadable(&self.describe(), name, &why))?;
         if let (Acquired::Taken(epoch), Some(id)) = (got, id) {
             self.granted = Some((epoch, id));
         }

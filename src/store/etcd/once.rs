@@ -17,7 +17,9 @@ use serde_json::json;
 use super::api::*;
 use super::lease::fresh_lease_id;
 use super::members::{EtcdError, Members, Res};
-use crate::store::{Acquired, RunRecord, NOT_STARTED};
+use crate::store::{
+    known_outcome, Acquired, Period, RunRecord, FUTURE_LIMIT, NOT_STARTED, SUCCEEDED,
+};
 
 /// The run record as stored (JSON). Times are milliseconds since the Unix
 /// epoch by the clock of the host that wrote them.
@@ -68,6 +70,32 @@ pub(super) fn record(name: &str, r: Stored) -> RunRecord {
     }
 }
 
+/// The record as the rule reads it: `Err(why)` for one this release
+/// cannot make sense of (not its JSON, an outcome it does not write, a
+/// start more than FUTURE_LIMIT ahead of this host's clock).
+pub(super) fn readable(value: &str, now_ms: i64) -> Result<Stored, String> {
+    let s = serde_json::from_str::<Stored>(value)
+        .map_err(|_| "is not a run record this release reads".to_string())?;
+    if let Some(o) = s.outcome.as_deref().filter(|o| !known_outcome(o)) {
+        return Err(format!(
+            "says its run ended \"{}\"",
+            crate::names::printable(o)
+        ));
+    }
+    let ahead = i64::try_from(FUTURE_LIMIT.as_millis()).unwrap_or(i64::MAX);
+    if s.started_ms > now_ms.saturating_add(ahead) {
+        return Err(format!(
+            "has a start more than {} ahead of this host's clock",
+            crate::duration::show(FUTURE_LIMIT)
+        ));
+    }
+    Ok(s)
+}
+
+/// What an acquire under the rule found: taken (with the etcd lease
+/// behind the lease key), held or done; or a record it cannot read (why).
+pub(super) type Took = Result<(Acquired, Option<i64>), String>;
+
 impl Members {
     /// How long ago the period key's run started, from what is left of
     /// its etcd lease (whole seconds, truncated, as etcd reports them).
@@ -88,10 +116,13 @@ impl Members {
         holder: &str,
         ttl: i64,
         half: i64,
-    ) -> Res<(Acquired, Option<i64>)> {
+        period: Period,
+    ) -> Res<Took> {
         let mut ids = (None, None);
-        let res = self.try_take_once(name, holder, ttl, half, &mut ids).await;
-        let taken = matches!(res, Ok((Acquired::Taken(_), _)));
+        let res = self
+            .try_take_once(name, holder, ttl, half, period, &mut ids)
+            .await;
+        let taken = matches!(res, Ok(Ok((Acquired::Taken(_), _))));
         if !taken {
             for id in [ids.0, ids.1].into_iter().flatten() {
                 let _ = self.revoke(id).await;
@@ -106,8 +137,9 @@ impl Members {
         holder: &str,
         ttl: i64,
         half: i64,
+        period: Period,
         ids: &mut (Option<i64>, Option<i64>),
-    ) -> Res<(Acquired, Option<i64>)> {
+    ) -> Res<Took> {
         let (lk, ek, pk, rk) = (
             lease_key(name),
             epoch_key(name),
@@ -118,23 +150,46 @@ impl Members {
             let r = self
                 .txn(
                     json!([]),
-                    json!([range_op(&lk), range_op(&ek), range_op(&pk)]),
+                    json!([range_op(&lk), range_op(&ek), range_op(&pk), range_op(&rk)]),
                     json!([]),
                 )
                 .await?;
-            let (lease, counter, period) = (
+            let (lease, counter, period_kv, rec) = (
                 r.range(0)?.kvs.first().cloned(),
                 r.range(1)?.kvs.first().cloned(),
                 r.range(2)?.kvs.first().cloned(),
+                r.range(3)?.kvs.first().cloned(),
             );
+            // A record this release cannot read is never decided on.
+            let stored = match &rec {
+                Some(kv) => match readable(&kv.value, now_ms()) {
+                    Ok(s) => Some(s),
+                    Err(why) => return Ok(Err(why)),
+                },
+                None => None,
+            };
             // This period's run has started, whether or not it still holds
-            // the lease.
-            if let Some(p) = period {
-                let started_ms_ago = self.started_ms_ago(&p).await?;
-                return Ok((Acquired::DoneThisPeriod { started_ms_ago }, None));
+            // the lease; unless --retry-failed and that run (the record
+            // names the period key's holder and epoch) did not end `exit
+            // 0`: failed, or no end, which with the lease key gone (below)
+            // is a run that never ended. Then the period is taken again,
+            // at the revisions read of the period key and the record.
+            let mut again = None;
+            if let Some(p) = period_kv {
+                let failed = period.retry_failed
+                    && stored.as_ref().is_some_and(|s| {
+                        lease_value(s.epoch, &s.holder) == p.value
+                            && s.outcome.as_deref() != Some(SUCCEEDED)
+                    });
+                if !failed {
+                    let started_ms_ago = self.started_ms_ago(&p).await?;
+                    return Ok(Ok((Acquired::DoneThisPeriod { started_ms_ago }, None)));
+                }
+                let rec_rev = rec.as_ref().map_or(0, |kv| kv.mod_revision);
+                again = Some((p, rec_rev));
             }
             if lease.is_some() {
-                return Ok((Acquired::Held, None));
+                return Ok(Ok((Acquired::Held, None)));
             }
             let (current, rev) = match &counter {
                 Some(kv) => (
@@ -181,6 +236,24 @@ impl Members {
             };
             let stored = serde_json::to_string(&stored)
                 .map_err(|e| EtcdError::Refused(format!("cannot write the run record: {e}")))?;
+            // The period key as read: absent, or (a retry) the failed run's,
+            // with its record unchanged since.
+            let period_cmp = match &again {
+                None => json!([
+                    {"key": b64(&pk), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
+                ]),
+                Some((p, rec_rev)) => json!([
+                    {"key": b64(&pk), "target": "MOD", "result": "EQUAL", "mod_revision": p.mod_revision.to_string()},
+                    {"key": b64(&rk), "target": "MOD", "result": "EQUAL", "mod_revision": rec_rev.to_string()},
+                ]),
+            };
+            let mut compare = vec![
+                json!({"key": b64(&lk), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}),
+                json!({"key": b64(&ek), "target": "MOD", "result": "EQUAL", "mod_revision": rev.to_string()}),
+            ];
+            if let serde_json::Value::Array(more) = period_cmp {
+                compare.extend(more);
+            }
             // Safe to send to several members, as `try_take`'s: the
             // counter's mod_revision lets at most one copy put anything,
             // and a copy that fails reads the lease key back: ours (our
@@ -188,11 +261,7 @@ impl Members {
             // it, since one transaction put all four.
             let r = self
                 .txn(
-                    json!([
-                        {"key": b64(&lk), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
-                        {"key": b64(&ek), "target": "MOD", "result": "EQUAL", "mod_revision": rev.to_string()},
-                        {"key": b64(&pk), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
-                    ]),
+                    serde_json::Value::Array(compare),
                     json!([
                         {"request_put": {"key": b64(&lk), "value": b64(&value), "lease": lease_id.to_string()}},
                         {"request_put": {"key": b64(&ek), "value": b64(&epoch.to_string())}},
@@ -219,7 +288,12 @@ impl Members {
                     .first()
                     .is_some_and(|kv| kv.value == value && kv.lease == lease_id);
             if ours {
-                return Ok((Acquired::Taken(epoch), Some(lease_id)));
+                if let Some((p, _)) = again.filter(|(p, _)| p.lease != 0) {
+                    // The failed run's period lease now holds no key: end
+                    // it rather than leave it to run out (best effort).
+                    let _ = self.revoke(p.lease).await;
+                }
+                return Ok(Ok((Acquired::Taken(epoch), Some(lease_id))));
             }
             // Someone else's write came between: look again.
         }
