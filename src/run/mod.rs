@@ -227,7 +227,7 @@ impl Run {
                 let per = self.job.once_per.as_ref().map(|(p, _)| p.to_string());
                 tracing::info!(
                     event = "done_this_period",
-                    "lease {name}: this period's run started {ago} ago by the store's clock                      (--once-per {}); not running the command",
+                    "lease {name}: this period's run started {ago} ago by the store's clock (--once-per {}); not running the command",
                     per.unwrap_or_default()
                 );
                 Ok(Exit::Held(self.job.conflict_exit_code))
