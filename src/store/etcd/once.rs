@@ -384,6 +384,49 @@ impl Members {
 mod tests {
     use super::*;
 
+    /// What the rule refuses to decide on: not its JSON, an outcome this
+    /// release does not write, a start more than a day ahead.
+    #[test]
+    fn only_a_record_this_release_writes_is_readable() {
+        let now = now_ms();
+        let rec = |outcome: Option<&str>, started_ms: i64| {
+            serde_json::to_string(&Stored {
+                started_ms,
+                ended_ms: outcome.map(|_| started_ms),
+                holder: "h".into(),
+                epoch: 1,
+                outcome: outcome.map(str::to_string),
+            })
+            .expect("json")
+        };
+        for good in [
+            rec(None, now),
+            rec(Some("exit 0"), now),
+            rec(Some("signal 9"), now - 1000),
+            rec(Some("not started"), now + 3_600_000),
+        ] {
+            assert!(readable(&good, now).is_ok(), "{good}");
+        }
+        for (bad, says) in [
+            ("garbage".to_string(), "is not a run record"),
+            (
+                r#"{"started_ms":"x","holder":"h","epoch":1}"#.to_string(),
+                "is not a run record",
+            ),
+            (
+                rec(Some("exploded"), now),
+                "says its run ended \"exploded\"",
+            ),
+            (
+                rec(Some("exit 0"), now + 2 * 86_400_000),
+                "ahead of this host's clock",
+            ),
+        ] {
+            let why = readable(&bad, now).expect_err(&bad);
+            assert!(why.contains(says), "{bad}: {why}");
+        }
+    }
+
     #[test]
     fn a_record_reads_back_and_an_unended_one_has_no_end() {
         let s = Stored {

@@ -259,3 +259,133 @@ pub(super) const MARK_MOVED_SQL: &str =
 pub(super) const MOVE_IN_SQL: &str =
     "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id)
      VALUES (?1, NULL, ?2, 0, ?3)";
+
+/// `--once-per`'s two statements on a table of their own, with the clock
+/// as a parameter: what the rule, `--retry-failed` and the readability
+/// check take and answer, state by state.
+#[cfg(test)]
+mod once_per_tests {
+    use super::*;
+    use sqlx::{Connection, Row, SqliteConnection};
+
+    const HALF: i64 = 1_000;
+    const BOOT: &str = "boot";
+
+    /// `(taken epoch, DONE_SQL's answer: start readable, outcome readable,
+    /// done)` of one acquire by `holder` at boot-clock `now`.
+    async fn take(
+        c: &mut SqliteConnection,
+        now: i64,
+        retry: bool,
+    ) -> (Option<i64>, Option<(bool, bool, bool)>) {
+        let bound = |sql| {
+            sqlx::query(sql)
+                .bind("job")
+                .bind("h")
+                .bind(now)
+                .bind(500i64)
+                .bind(BOOT)
+                .bind(HALF)
+                .bind(0i64)
+                .bind(crate::store::NOT_STARTED)
+                .bind(i64::from(retry))
+                .bind(crate::store::SUCCEEDED)
+                .bind(86_400_000i64)
+        };
+        let taken = bound(ACQUIRE_ONCE_SQL)
+            .fetch_optional(&mut *c)
+            .await
+            .expect("acquire")
+            .map(|r| r.get::<i64, _>(0));
+        let done = bound(DONE_SQL)
+            .fetch_optional(&mut *c)
+            .await
+            .expect("done")
+            .map(|r| (r.get(0), r.get(1), r.get(4)));
+        (taken, done)
+    }
+
+    async fn set(c: &mut SqliteConnection, set: &str) {
+        sqlx::raw_sql(&format!("UPDATE leader_lease SET {set}"))
+            .execute(&mut *c)
+            .await
+            .expect("update");
+    }
+
+    #[test]
+    fn retry_failed_and_unreadable_records_in_the_statements() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let mut c = SqliteConnection::connect("sqlite::memory:")
+                .await
+                .expect("open");
+            sqlx::raw_sql(TABLE_SQL)
+                .execute(&mut c)
+                .await
+                .expect("table");
+            assert_eq!(take(&mut c, 10_000, false).await.0, Some(1));
+            // Failed and released: done without the flag, taken with it.
+            set(&mut c, "holder = NULL, run_outcome = 'exit 1'").await;
+            assert_eq!(
+                take(&mut c, 10_100, false).await,
+                (None, Some((true, true, true)))
+            );
+            assert_eq!(take(&mut c, 10_200, true).await.0, Some(2));
+            // Succeeded: done either way.
+            set(&mut c, "holder = NULL, run_outcome = 'exit 0'").await;
+            assert_eq!(
+                take(&mut c, 10_300, true).await,
+                (None, Some((true, true, true)))
+            );
+            // No end, lease still live: held (not done: it may yet fail);
+            // lease expired: it never ended, and is retried.
+            set(
+                &mut c,
+                "holder = 'x', run_outcome = NULL, expires_at = 10500",
+            )
+            .await;
+            assert_eq!(
+                take(&mut c, 10_400, true).await,
+                (None, Some((true, true, false)))
+            );
+            assert_eq!(take(&mut c, 10_500, false).await.0, None);
+            assert_eq!(take(&mut c, 10_500, true).await.0, Some(3));
+            // Unreadable: never taken, whatever the period or the flag.
+            for (bad, why) in [
+                ("run_outcome = 'exploded'", (true, false)),
+                ("run_outcome = 'exit 0 '", (true, false)),
+                ("run_outcome = 'exit 12345678901'", (true, false)),
+                ("run_outcome = 3", (true, false)),
+                (
+                    "run_started_at = 'soon', run_outcome = 'exit 1'",
+                    (false, true),
+                ),
+                (
+                    "run_started_at = 1000.5, run_outcome = 'exit 1'",
+                    (false, true),
+                ),
+                (
+                    "run_started_at = 99999999999, run_outcome = 'exit 1'",
+                    (false, true),
+                ),
+            ] {
+                set(&mut c, &format!("holder = NULL, {bad}")).await;
+                for retry in [false, true] {
+                    let (taken, done) = take(&mut c, 1_000_000, retry).await;
+                    assert_eq!(taken, None, "{bad}");
+                    assert_eq!(done.map(|d| (d.0, d.1)), Some(why), "{bad}");
+                }
+            }
+            // Of another boot, a start is not compared with this boot's
+            // clock: long ago, and readable.
+            set(
+                &mut c,
+                "run_started_at = 99999999999, run_boot_id = 'old', run_outcome = 'exit 0'",
+            )
+            .await;
+            assert_eq!(take(&mut c, 1_000_000, false).await.0, Some(4));
+        });
+    }
+}
