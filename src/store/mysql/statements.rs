@@ -106,9 +106,10 @@ pub(super) const EPOCH_SQL: &str = "SELECT epoch FROM leader_lease WHERE name = 
 // row, as the UPDATE below sees it): whether its start and its outcome are
 // ones this release writes (a start at most FUTURE_LIMIT ahead of the
 // server's clock; an outcome of `crate::store::known_outcome`'s, compared
-// as bytes, since the column's collation ignores case), the outcome, the
-// milliseconds since the start, and whether a run of this name started
-// less than `half` ago. A run handed back `not started` does not count;
+// under the binary collation, since the column's ignores case: not as
+// BINARY, which MySQL 8 will not match against a text pattern), the
+// outcome, the milliseconds since the start, and whether a run of this
+// name started less than `half` ago. A run handed back `not started` does not count;
 // with `--retry-failed` neither does one that did not end `exit 0` (a
 // failed outcome, or none: then either it still holds the lease, and the
 // UPDATE below finds it held, or it never ended). No row: no record.
@@ -116,8 +117,8 @@ pub(super) const EPOCH_SQL: &str = "SELECT epoch FROM leader_lease WHERE name = 
 // ? exit 0, ? name
 pub(super) const DONE_SQL: &str = "SELECT
         run_started_at <= UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
-        run_outcome IS NULL OR CAST(run_outcome AS BINARY) IN ('lost', 'killed', ?)
-          OR CAST(run_outcome AS BINARY) REGEXP '^(exit|signal) [0-9]{1,10}$',
+        run_outcome IS NULL OR run_outcome COLLATE utf8mb4_bin IN ('lost', 'killed', ?)
+          OR run_outcome COLLATE utf8mb4_bin REGEXP '^(exit|signal) [0-9]{1,10}$',
         run_outcome,
         CAST(GREATEST(0, LEAST(
              TIMESTAMPDIFF(MICROSECOND, run_started_at, UTC_TIMESTAMP(6)) DIV 1000,
