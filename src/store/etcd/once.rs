@@ -17,9 +17,7 @@ use serde_json::json;
 use super::api::*;
 use super::lease::fresh_lease_id;
 use super::members::{EtcdError, Members, Res};
-use crate::store::{
-    known_outcome, Acquired, Period, RunRecord, FUTURE_LIMIT, NOT_STARTED, SUCCEEDED,
-};
+use crate::store::{known_outcome, Acquired, Period, RunRecord, NOT_STARTED, SUCCEEDED};
 
 /// The run record as stored (JSON). Times are milliseconds since the Unix
 /// epoch by the clock of the host that wrote them.
@@ -71,22 +69,17 @@ pub(super) fn record(name: &str, r: Stored) -> RunRecord {
 }
 
 /// The record as the rule reads it: `Err(why)` for one this release
-/// cannot make sense of (not its JSON, an outcome it does not write, a
-/// start more than FUTURE_LIMIT ahead of this host's clock).
-pub(super) fn readable(value: &str, now_ms: i64) -> Result<Stored, String> {
+/// cannot make sense of (not its JSON, an outcome it does not write). Its
+/// times are not judged: they are the writing host's clock, which the rule
+/// never reads (it is etcd's expiry), and a host whose clock is wrong (one
+/// without an RTC, booted in 1970) must not refuse every record.
+pub(super) fn readable(value: &str) -> Result<Stored, String> {
     let s = serde_json::from_str::<Stored>(value)
         .map_err(|_| "is not a run record this release reads".to_string())?;
     if let Some(o) = s.outcome.as_deref().filter(|o| !known_outcome(o)) {
         return Err(format!(
             "says its run ended \"{}\"",
             crate::names::printable(o)
-        ));
-    }
-    let ahead = i64::try_from(FUTURE_LIMIT.as_millis()).unwrap_or(i64::MAX);
-    if s.started_ms > now_ms.saturating_add(ahead) {
-        return Err(format!(
-            "has a start more than {} ahead of this host's clock",
-            crate::duration::show(FUTURE_LIMIT)
         ));
     }
     Ok(s)
@@ -162,7 +155,7 @@ impl Members {
             );
             // A record this release cannot read is never decided on.
             let stored = match &rec {
-                Some(kv) => match readable(&kv.value, now_ms()) {
+                Some(kv) => match readable(&kv.value) {
                     Ok(s) => Some(s),
                     Err(why) => return Ok(Err(why)),
                 },
@@ -385,7 +378,7 @@ mod tests {
     use super::*;
 
     /// What the rule refuses to decide on: not its JSON, an outcome this
-    /// release does not write, a start more than a day ahead.
+    /// release does not write; not a time of another host's clock.
     #[test]
     fn only_a_record_this_release_writes_is_readable() {
         let now = now_ms();
@@ -403,9 +396,9 @@ mod tests {
             rec(None, now),
             rec(Some("exit 0"), now),
             rec(Some("signal 9"), now - 1000),
-            rec(Some("not started"), now + 3_600_000),
+            rec(Some("not started"), now + 5 * 365 * 86_400_000),
         ] {
-            assert!(readable(&good, now).is_ok(), "{good}");
+            assert!(readable(&good).is_ok(), "{good}");
         }
         for (bad, says) in [
             ("garbage".to_string(), "is not a run record"),
@@ -417,12 +410,8 @@ mod tests {
                 rec(Some("exploded"), now),
                 "says its run ended \"exploded\"",
             ),
-            (
-                rec(Some("exit 0"), now + 2 * 86_400_000),
-                "ahead of this host's clock",
-            ),
         ] {
-            let why = readable(&bad, now).expect_err(&bad);
+            let why = readable(&bad).expect_err(&bad);
             assert!(why.contains(says), "{bad}: {why}");
         }
     }
