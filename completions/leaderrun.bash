@@ -59,7 +59,7 @@ _leaderrun() {
 
     case "${cmd}" in
         leaderrun)
-            opts="-s -v -q -n -h -V --store --verbose --quiet --log-format --name --lease --renew --give-up --kill-after --wait --timeout --retry --min-hold --max-term --once-per --no-push --holder --conflict-exit-code --metrics-file --help --version status release check watch init help"
+            opts="-s -v -q -n -h -V --store --verbose --quiet --log-format --name --lease --renew --give-up --kill-after --wait --timeout --retry --min-hold --max-term --once-per --retry-failed --no-push --holder --advertise --conflict-exit-code --metrics-file --help --version status release check watch init help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -122,6 +122,10 @@ _leaderrun() {
                     return 0
                     ;;
                 --holder)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --advertise)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_leaderrun_global_optspecs
-    string join \n s/store= v/verbose q/quiet log-format= n/name= lease= renew= give-up= kill-after= wait timeout= retry= min-hold= max-term= once-per= no-push holder= conflict-exit-code= metrics-file= h/help V/version
+    string join \n s/store= v/verbose q/quiet log-format= n/name= lease= renew= give-up= kill-after= wait timeout= retry= min-hold= max-term= once-per= retry-failed no-push holder= advertise= conflict-exit-code= metrics-file= h/help V/version
 end
 
 function __fish_leaderrun_needs_command
@@ -38,11 +38,13 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -l min-hold -d 'Keep t
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l max-term -d 'Step down after leading this long: stop the command (as on a lost lease), release, wait until another contender leads (at most one lease length), exit 75' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l once-per -d 'Run at most once per firing of a schedule (cron): skip, like a held lease, when a run of this name started less than DUR/2 ago by the store\'s clock (2s to 365d; on etcd a whole even number of seconds, at least 4s)' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l holder -d 'Holder id [default: <hostname>:<pid>:<random>]; must be unique per process' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l advertise -d 'Store this text with the lease while it is held (an address, a URL): `status` and `watch` show it to anyone who may read the store; at most 256 bytes, no control characters' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l conflict-exit-code -d 'Exit status when the lease is held elsewhere' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l metrics-file -d 'Write Prometheus metrics to this file (atomically replaced)' -r -F
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s q -l quiet -d 'Only errors'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l wait -d 'Contend until leading (default: try once, skip if held)'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l retry-failed -d 'With --once-per: a later firing of the same period runs again when that period\'s run failed (did not exit 0, or never ended); a run that exited 0 is never repeated'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l no-push -d 'Wait by polling only, without the store\'s push wake-ups (for a Postgres behind PgBouncer in transaction mode, where LISTEN does not work)'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s V -l version -d 'Print version'

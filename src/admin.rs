@@ -305,6 +305,11 @@ fn last_run(r: &RunRecord, l: &LeaseInfo) -> String {
     use crate::names::printable;
     let holder = r.holder.as_deref().map_or("-".into(), printable);
     let end = match (&r.outcome, r.ended_ms_ago) {
+        (Some(o), _) if !crate::store::known_outcome(o) => format!(
+            "outcome \"{}\" unreadable (not one this release writes: --once-per runs on it \
+             exit 125)",
+            printable(o)
+        ),
         (Some(o), Some(ms)) => format!("ended {} ago: {}", ago(ms), printable(o)),
         _ if l.epoch != r.epoch => "no end recorded".into(),
         _ if l.is_live() => "running (lease held)".into(),
@@ -355,6 +360,10 @@ struct RunJson<'a> {
     holder: Option<&'a str>,
     epoch: i64,
     outcome: Option<&'a str>,
+    /// `true` (and only then present) when the outcome is not one this
+    /// release writes: a `--once-per` run on it exits 125.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    unreadable: bool,
 }
 
 #[derive(serde::Serialize)]
@@ -391,6 +400,10 @@ impl<'a> LeaseJson<'a> {
             holder: r.holder.as_deref(),
             epoch: r.epoch,
             outcome: r.outcome.as_deref(),
+            unreadable: r
+                .outcome
+                .as_deref()
+                .is_some_and(|o| !crate::store::known_outcome(o)),
         });
         self
     }

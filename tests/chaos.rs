@@ -520,3 +520,6 @@ fn chaos_random_seed() {
     let seed = boot_ns() as u64 ^ u64::from(std::process::id()).rotate_left(32);
     run_chaos(Kind::Postgres, seed, seconds());
 }
+
+/// The once-per round (`--once-per` firings under faults): tests/chaos/once.rs.
+mod once;

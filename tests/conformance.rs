@@ -470,7 +470,7 @@ fn once_per_period_is_claimed_with_the_acquire(srv: Server) {
     use leaderrun::store::{Acquired, Outcome};
     let once = |holder: &str, half: Duration| {
         let mut l = lock(&srv.url, "once", holder);
-        l.once_per(half);
+        l.once_per(leaderrun::store::Period::new(half));
         l
     };
     // Long enough that the racing round is over well inside it; the last
@@ -590,6 +590,50 @@ fn values_are_the_tenures(srv: Server) {
     });
 }
 
+/// §12, `--retry-failed`: a failed run's period is taken again in the
+/// acquire's own atomic step, so of racing retries one takes it (the other
+/// finds the lease held, the retry running); once a run exits 0 the period
+/// is done for retrying takes too.
+fn retry_failed_is_claimed_with_the_acquire(srv: Server) {
+    use leaderrun::store::{Acquired, Outcome, Period};
+    let retrying = |holder: &str| {
+        let mut l = lock(&srv.url, "retry", holder);
+        l.once_per(Period {
+            half: Duration::from_secs(1800),
+            retry_failed: true,
+        });
+        l
+    };
+    rt().block_on(async {
+        let (mut a, mut b, mut c) = (retrying("a"), retrying("b"), retrying("c"));
+        let lease = granted(&a, Duration::from_secs(3));
+        let epoch = a
+            .take(lease, T)
+            .await
+            .expect("take")
+            .epoch()
+            .expect("taken");
+        a.ending(Outcome::Lost);
+        assert!(a.release(epoch, Duration::ZERO, T).await.expect("release"));
+        let (rb, rc) = tokio::join!(b.take(lease, T), c.take(lease, T));
+        let (rb, rc) = (rb.expect("take b"), rc.expect("take c"));
+        let (winner, epoch) = match (rb, rc) {
+            (Acquired::Taken(e), Acquired::Held) => (&mut b, e),
+            (Acquired::Held, Acquired::Taken(e)) => (&mut c, e),
+            other => panic!("two racing retries of a failed period: {other:?}"),
+        };
+        winner.ending(Outcome::Exit(0));
+        assert!(winner
+            .release(epoch, Duration::ZERO, T)
+            .await
+            .expect("release"));
+        match a.take(lease, T).await.expect("take") {
+            Acquired::DoneThisPeriod { .. } => {}
+            other => panic!("a retry after the period's run exited 0: {other:?}"),
+        }
+    });
+}
+
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -615,6 +659,7 @@ macro_rules! once_per {
     ($($store:ident),* $(,)?) => {$(
         mod $store {
             #[test] fn once_per_period_is_claimed_with_the_acquire() { super::super::once_per_period_is_claimed_with_the_acquire(super::super::stores::$store()) }
+            #[test] fn retry_failed_is_claimed_with_the_acquire() { super::super::retry_failed_is_claimed_with_the_acquire(super::super::stores::$store()) }
         }
     )*};
 }
@@ -634,6 +679,7 @@ mod values {
         sqlite,
         mysql,
         redis,
+        etcd,
         pgbouncer_transaction,
         pgbouncer_session
     );

@@ -27,6 +27,7 @@ mod init_and_read_only;
 mod messages;
 mod mysql_semisync;
 mod once_per;
+mod once_per_broken;
 mod once_per_stores;
 mod pgbouncer;
 mod polish;

@@ -459,6 +459,11 @@ fn once_per_refusals() {
             "a standby has no firing",
         ),
         (
+            pg.url(),
+            vec!["--retry-failed"],
+            "--retry-failed needs --once-per",
+        ),
+        (
             etcd,
             vec!["--once-per", "5s"],
             "on the etcd store must be a multiple of 2s and at least 4s",
@@ -479,7 +484,7 @@ fn once_lock(url: &str, name: &str, holder: &str, half: Duration) -> leaderrun::
         Ok(s) => s.lock(name, holder),
         Err(e) => panic!("cannot open {url}: {e}"),
     };
-    l.once_per(half);
+    l.once_per(leaderrun::store::Period::new(half));
     l
 }
 
@@ -535,6 +540,109 @@ fn a_run_that_never_started_leaves_the_period_open(srv: Server) {
     );
 }
 
+/// A lock on `name` for `holder` under `--once-per --retry-failed`.
+fn retry_lock(url: &str, name: &str, holder: &str, half: Duration) -> leaderrun::store::Lock {
+    let mut l = once_lock(url, name, holder, half);
+    l.once_per(leaderrun::store::Period {
+        half,
+        retry_failed: true,
+    });
+    l
+}
+
+/// `--retry-failed`, call by call: a run in progress is never run beside
+/// (held, for a retrying firing too); a failed run's period is taken again
+/// by a retrying firing (only: a firing without the flag finds it done); a
+/// run that exited 0 is never repeated; a run that never ended (its lease
+/// expired without an end) is retried once its lease is gone.
+fn a_failed_run_is_retried_and_a_succeeded_one_is_not(srv: Server) {
+    use leaderrun::store::{Acquired, LeaseLock, Outcome};
+    let url = srv.url;
+    let (lease, half) = (2 * SEC, Duration::from_secs(1800));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let t = 5 * SEC;
+    rt.block_on(async {
+        let mut a = retry_lock(&url, "r", "a", half);
+        let mut b = retry_lock(&url, "r", "b", half);
+        let mut plain = once_lock(&url, "r", "c", half);
+        assert_eq!(a.take(lease, t).await.unwrap(), Acquired::Taken(1));
+        // In progress: a retrying firing does not run beside it.
+        assert_eq!(b.take(lease, t).await.unwrap(), Acquired::Held);
+        a.ending(Outcome::Exit(1));
+        assert!(a.release(1, Duration::ZERO, t).await.unwrap());
+        // Failed: without the flag the period is done; with it, run again.
+        assert!(matches!(
+            plain.take(lease, t).await.unwrap(),
+            Acquired::DoneThisPeriod { .. }
+        ));
+        assert_eq!(b.take(lease, t).await.unwrap(), Acquired::Taken(2));
+        assert_eq!(a.take(lease, t).await.unwrap(), Acquired::Held);
+        b.ending(Outcome::Exit(0));
+        assert!(b.release(2, Duration::ZERO, t).await.unwrap());
+        // Succeeded: never repeated, with or without the flag.
+        for l in [&mut a, &mut plain] {
+            assert!(matches!(
+                l.take(lease, t).await.unwrap(),
+                Acquired::DoneThisPeriod { .. }
+            ));
+        }
+        // Never ended: the holder vanished without a word; its lease
+        // expires by the store's clock, and then (only then) it is retried.
+        let mut gone = retry_lock(&url, "n", "gone", half);
+        assert_eq!(gone.take(lease, t).await.unwrap(), Acquired::Taken(1));
+        drop(gone);
+        let mut next = retry_lock(&url, "n", "next", half);
+        assert_eq!(next.take(lease, t).await.unwrap(), Acquired::Held);
+        let t0 = Instant::now();
+        let got = loop {
+            match next.take(lease, t).await.unwrap() {
+                Acquired::Held if t0.elapsed() < 3 * lease => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                other => break other,
+            }
+        };
+        assert_eq!(got, Acquired::Taken(2), "after {:?}", t0.elapsed());
+    });
+    let j = status_json(&url, "r");
+    assert_eq!(j["last_run"]["outcome"], "exit 0", "{j}");
+    assert_eq!(j["last_run"]["holder"], "b", "{j}");
+}
+
+/// `--retry-failed` from the command line: a failed firing is run again by
+/// the next firing of its period that has the flag (not by one without
+/// it); once a run exits 0 the period is done. The command fails on its
+/// first run and succeeds on its second.
+fn retry_failed_from_the_command_line(srv: Server) {
+    let url = srv.url;
+    let dir = TempDir::new("once-retry");
+    let runs = dir.file("runs");
+    let script = format!(
+        "echo ran >> {r}; test $(wc -l < {r}) -ge 2",
+        r = runs.display()
+    );
+    let fire = |retry: bool| {
+        let mut extra = vec!["--once-per", "1h", "--conflict-exit-code", "3"];
+        if retry {
+            extra.push("--retry-failed");
+        }
+        run(lr(&url, "cli", &extra, &script))
+    };
+    assert_eq!(fire(true).code, Some(1));
+    let out = fire(false);
+    assert_eq!(out.code, Some(SKIP), "{}", out.stderr);
+    let out = fire(true);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(lines(&runs).len(), 2);
+    let out = fire(true);
+    assert_eq!(out.code, Some(SKIP), "{}", out.stderr);
+    assert_eq!(lines(&runs).len(), 2);
+    assert_eq!(status_json(&url, "cli")["last_run"]["outcome"], "exit 0");
+}
+
 /// The store-generic tests, once per store that keeps the rule: a module
 /// per store, a function per test over a fresh `Server`
 /// (tests/support/stores.rs), as tests/conformance.rs does.
@@ -548,6 +656,8 @@ macro_rules! once_per_on {
             #[test] fn the_record_says_how_a_run_ended() { super::the_record_says_how_a_run_ended(stores::$store()) }
             #[test] fn a_run_killed_before_its_end_leaves_no_end() { super::a_run_killed_before_its_end_leaves_no_end(stores::$store()) }
             #[test] fn a_run_that_never_started_leaves_the_period_open() { super::a_run_that_never_started_leaves_the_period_open(stores::$store()) }
+            #[test] fn a_failed_run_is_retried_and_a_succeeded_one_is_not() { super::a_failed_run_is_retried_and_a_succeeded_one_is_not(stores::$store()) }
+            #[test] fn retry_failed_from_the_command_line() { super::retry_failed_from_the_command_line(stores::$store()) }
         }
     )*};
 }
@@ -790,8 +900,10 @@ fn a_lost_lease_on_the_embedded_store_is_recorded_as_lost() {
 
 /// Run record columns holding what no leaderrun writes (text, a REAL, a
 /// huge integer, as a hand-edited or corrupted row may): `status` still
-/// shows the lease and a record, clamped, and a `--once-per` firing still
-/// decides (a start it cannot read counts as long ago).
+/// shows the lease and a record, clamped; a `--once-per` firing refuses to
+/// decide on a start it cannot read, or one years ahead of the boot clock
+/// (exit 125, one line, the command not run), and decides as ever on a
+/// record whose other columns are odd.
 #[test]
 fn embedded_run_records_written_by_hand_still_read() {
     use leaderrun::store::sqlite::lease_file;
@@ -801,9 +913,21 @@ fn embedded_run_records_written_by_hand_still_read() {
     let out = run(lr(&url, "h", &["--once-per", "1h"], "true"));
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let file = lease_file(&db, "h").expect("a file name");
-    for set in [
-        "run_started_at = 'soon', run_started_wall = 'then', run_ended_at = 1e300, run_ended_wall = -9223372036854775808, run_epoch = 'x'",
-        "run_started_at = 9223372036854775807, run_started_wall = 9223372036854775807, run_ended_at = -1e300, run_ended_wall = 'x'",
+    let ran = dir.file("ran");
+    let script = format!("echo >> {}", ran.display());
+    for (set, codes) in [
+        (
+            "run_started_at = 'soon', run_started_wall = 'then', run_ended_at = 1e300, run_ended_wall = -9223372036854775808, run_epoch = 'x'",
+            &[125][..],
+        ),
+        (
+            "run_started_at = 9223372036854775807, run_started_wall = 9223372036854775807, run_ended_at = -1e300, run_ended_wall = 'x'",
+            &[125],
+        ),
+        (
+            "run_started_at = 1, run_ended_at = 1e300, run_ended_wall = 'x', run_epoch = 'x', run_holder = 7",
+            &[0, 3],
+        ),
     ] {
         lite_sql(&file, &format!("UPDATE leader_lease SET {set}"));
         let j = status_json(&url, "h");
@@ -813,7 +937,13 @@ fn embedded_run_records_written_by_hand_still_read() {
         let out = run(c);
         assert_eq!(out.code, Some(0), "{set}: {}", out.stderr);
         assert!(out.stdout.contains("last run of h"), "{set}: {}", out.stdout);
-        let out = run(lr(&url, "h", &["--once-per", "1h", "--conflict-exit-code", "3"], "true"));
-        assert!(matches!(out.code, Some(0 | 3)), "{set}: {}", out.stderr);
+        let _ = std::fs::remove_file(&ran);
+        let out = run(lr(&url, "h", &["--once-per", "1h", "--conflict-exit-code", "3"], &script));
+        assert!(out.code.is_some_and(|c| codes.contains(&c)), "{set}: {:?} {}", out.code, out.stderr);
+        if out.code == Some(125) {
+            assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+            assert!(out.stderr.contains("run record"), "{}", out.stderr);
+            assert!(!ran.exists(), "{set}: the command ran");
+        }
     }
 }

@@ -222,7 +222,7 @@ fn an_expired_runs_end_is_still_recorded(url: &str) {
             Ok(s) => s.lock("lost", "a"),
             Err(e) => panic!("cannot open {url}: {e}"),
         };
-        l.once_per(Duration::from_secs(1800));
+        l.once_per(leaderrun::store::Period::new(Duration::from_secs(1800)));
         let lease = l
             .capabilities()
             .grant(2 * sec)

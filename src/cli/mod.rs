@@ -158,6 +158,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", value_parser = duration, allow_hyphen_values = true)]
     pub once_per: Option<DurationArg>,
 
+    /// With --once-per: a later firing of the same period runs again when that period's run
+    /// failed (did not exit 0, or never ended); a run that exited 0 is never repeated
+    #[arg(long)]
+    pub retry_failed: bool,
+
     /// Wait by polling only, without the store's push wake-ups (for a Postgres behind PgBouncer
     /// in transaction mode, where LISTEN does not work)
     #[arg(long)]

@@ -8,7 +8,7 @@ use crate::duration::{show, DurationArg};
 use crate::error::Error;
 use crate::names;
 use crate::redact::Secret;
-use crate::store::Store;
+use crate::store::{Period, Store};
 use crate::timing::{Timing, TimingArgs};
 
 /// Everything the run form needs, validated: the store, and the job.
@@ -32,9 +32,9 @@ pub struct Job {
     pub timeout: Option<DurationArg>,
     pub min_hold: Option<Duration>,
     pub max_term: Option<Duration>,
-    /// `--once-per`, as typed (messages quote it), and its half: the rule's
-    /// window.
-    pub once_per: Option<(DurationArg, Duration)>,
+    /// `--once-per`, as typed (messages quote it), and the rule: its half
+    /// (the window) and `--retry-failed`.
+    pub once_per: Option<(DurationArg, Period)>,
     /// `--advertise`: stored with the lease while it is held.
     pub advertise: Option<String>,
     /// Use the store's push wake-ups while waiting (not `--no-push`).
@@ -98,9 +98,31 @@ impl RunConfig {
             ));
         }
         let once_per = match run.once_per {
-            Some(p) => Some(once_per(p, run.wait, &store)?),
+            Some(p) => {
+                let (p, half) = once_per(p, run.wait, &store)?;
+                Some((
+                    p,
+                    Period {
+                        half,
+                        retry_failed: run.retry_failed,
+                    },
+                ))
+            }
+            // Without a period there is no run to retry: refused rather
+            // than ignored, since it would never do what it says.
+            None if run.retry_failed => {
+                return Err(usage(
+                    "--retry-failed needs --once-per: it retries a period's failed run",
+                ))
+            }
             None => None,
         };
+        if run.retry_failed && !store.retry_failed() {
+            return Err(usage(format!(
+                "--retry-failed is not supported on the {} store yet",
+                store.kind()
+            )));
+        }
         if run.advertise.is_some() && !store.advertises() {
             return Err(usage(format!(
                 "--advertise is not supported on the {} store yet",

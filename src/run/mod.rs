@@ -167,8 +167,8 @@ impl Run {
             job.holder
         );
         let mut lock = store.lock(job.name.clone(), job.holder.clone());
-        if let Some((_, half)) = &job.once_per {
-            lock.once_per(*half);
+        if let Some((_, period)) = &job.once_per {
+            lock.once_per(*period);
         }
         if let Some(value) = &job.advertise {
             lock.advertise(value.clone());
@@ -230,7 +230,7 @@ impl Run {
                 let per = self.job.once_per.as_ref().map(|(p, _)| p.to_string());
                 tracing::info!(
                     event = "done_this_period",
-                    "lease {name}: this period's run started {ago} ago by the store's clock                      (--once-per {}); not running the command",
+                    "lease {name}: this period's run started {ago} ago by the store's clock (--once-per {}); not running the command",
                     per.unwrap_or_default()
                 );
                 Ok(Exit::Held(self.job.conflict_exit_code))

@@ -83,7 +83,10 @@ use std::time::Duration;
 
 pub use error::{ErrorKind, StoreError, UrlError};
 pub use lease::{Capabilities, GrantError, Init, LeaseInfo, Replication, Schema, MAX_STORED};
-pub use once::{Acquired, Outcome, RunRecord, NOT_STARTED};
+pub use once::{
+    known_outcome, unreadable, Acquired, Outcome, Period, RunRecord, FUTURE_LIMIT, NOT_STARTED,
+    SUCCEEDED,
+};
 use target::parse;
 pub use target::{choose, Origin, ResolveError, Target};
 pub use wake::{Subscription, Wakeups};
@@ -243,6 +246,11 @@ pub(crate) trait Backend {
         false
     }
 
+    /// Whether the store keeps `--retry-failed` with `--once-per`'s rule.
+    fn retry_failed(&self) -> bool {
+        self.once_per()
+    }
+
     /// Whether the store keeps `--once-per`'s rule and run record. The run
     /// form refuses `--once-per` on a store that does not, before anything
     /// runs; only such a store's default methods below are never called.
@@ -252,13 +260,16 @@ pub(crate) trait Backend {
 
     /// Take the lease *and the period* in one atomic step: taken only when
     /// the lease is free or expired and no run of this name started less
-    /// than `half` ago by the store's clock; the run record's start is
-    /// written in that step. Tells "held" from "done this period".
+    /// than `period.half` ago by the store's clock (or, with
+    /// `period.retry_failed`, that run failed); the run record's start is
+    /// written in that step. Tells "held" from "done this period". A run
+    /// record the store cannot make sense of is an error that will not
+    /// heal ([`unreadable`]), never a guess.
     async fn acquire_once(
         &mut self,
         _key: &LeaseKey,
         _lease: Duration,
-        _half: Duration,
+        _period: Period,
         _timeout: Duration,
     ) -> Result<Acquired, StoreError> {
         Err(StoreError::fatal(
@@ -365,6 +376,11 @@ impl Store {
         each!(self, b => b.once_per())
     }
 
+    /// Whether the store keeps `--retry-failed`.
+    pub fn retry_failed(&self) -> bool {
+        each!(self, b => b.retry_failed())
+    }
+
     /// Whether the store keeps an `--advertise` value with the lease.
     pub fn advertises(&self) -> bool {
         each!(self, b => b.advertises())
@@ -439,7 +455,7 @@ impl Store {
                 holder: holder.into(),
                 advertise: None,
             },
-            half_period: None,
+            period: None,
             ending: None,
         }
     }
@@ -505,8 +521,8 @@ pub trait LeaseLock {
 pub struct Lock {
     store: Store,
     key: LeaseKey,
-    /// `--once-per`'s half period: acquires then take the period too.
-    half_period: Option<Duration>,
+    /// `--once-per`'s rule: acquires then take the period too.
+    period: Option<Period>,
     /// How the run ended, written with the release (`--once-per` only).
     ending: Option<Outcome>,
 }
@@ -535,11 +551,11 @@ impl Lock {
         self.key.advertise = Some(value);
     }
 
-    /// Acquire under `--once-per` with this half period: every acquire
-    /// then also takes the period and writes the run record's start. The
-    /// run form has checked that the store keeps the rule.
-    pub fn once_per(&mut self, half: Duration) {
-        self.half_period = Some(half);
+    /// Acquire under `--once-per` with this rule: every acquire then also
+    /// takes the period and writes the run record's start. The run form
+    /// has checked that the store keeps the rule.
+    pub fn once_per(&mut self, period: Period) {
+        self.period = Some(period);
     }
 }
 
@@ -560,9 +576,9 @@ impl LeaseLock for Lock {
 
     async fn take(&mut self, lease: Duration, timeout: Duration) -> Result<Acquired, StoreError> {
         let key = &self.key;
-        match self.half_period {
-            Some(half) => {
-                each!(&mut self.store, b => b.acquire_once(key, lease, half, timeout).await)
+        match self.period {
+            Some(period) => {
+                each!(&mut self.store, b => b.acquire_once(key, lease, period, timeout).await)
             }
             None => Ok(
                 match each!(&mut self.store, b => b.acquire(key, lease, timeout).await)? {
@@ -605,7 +621,7 @@ impl LeaseLock for Lock {
     /// Written into the run record by the release that follows (under
     /// `--once-per`; otherwise a release is a release).
     fn ending(&mut self, outcome: Outcome) {
-        if self.half_period.is_some() {
+        if self.period.is_some() {
             self.ending = Some(outcome);
         }
     }

@@ -67,8 +67,8 @@ use tokio::time::Instant;
 use super::session::{Connect, Session};
 use super::wake::Subscription;
 use super::{
-    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Replication, RunRecord,
-    Store, StoreError, Target, MAX_STORED,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Period, Replication,
+    RunRecord, Store, StoreError, Target, MAX_STORED,
 };
 
 mod api;
@@ -192,26 +192,27 @@ impl Backend for EtcdStore {
         &mut self,
         key: &LeaseKey,
         lease: Duration,
-        half: Duration,
+        period: Period,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
-        let (ttl, half) = (ttl_secs(lease), ttl_secs(half));
+        let (ttl, half) = (ttl_secs(lease), ttl_secs(period.half));
         let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let advertise = key.advertise.as_deref();
         let (got, id) = self
             .call(timeout, "cannot acquire in", async |m| {
-                let (got, id) = m.take_once(name, holder, ttl, half).await?;
+                let r = m.take_once(name, holder, ttl, half, period).await?;
                 // The advertised value follows the take here, on the same
                 // etcd lease, in a step of its own (the take's transaction
                 // is once.rs's): a reader may see the lease a round trip
                 // before it.
-                if let (Acquired::Taken(epoch), Some(id), Some(a)) = (got, id, advertise) {
-                    m.put_values(name, &lease_value(epoch, holder), epoch, id, a)
+                if let (Ok((Acquired::Taken(epoch), Some(id))), Some(a)) = (&r, advertise) {
+                    m.put_values(name, &lease_value(*epoch, holder), *epoch, *id, a)
                         .await?;
                 }
-                Ok((got, id))
+                Ok(r)
             })
-            .await?;
+            .await?
+            .map_err(|why| crate::store::unreadable(&self.describe(), name, &why))?;
         if let (Acquired::Taken(epoch), Some(id)) = (got, id) {
             self.granted = Some((epoch, id));
         }

@@ -17,7 +17,7 @@ use serde_json::json;
 use super::api::*;
 use super::lease::fresh_lease_id;
 use super::members::{EtcdError, Members, Res};
-use crate::store::{Acquired, RunRecord, NOT_STARTED};
+use crate::store::{known_outcome, Acquired, Period, RunRecord, NOT_STARTED, SUCCEEDED};
 
 /// The run record as stored (JSON). Times are milliseconds since the Unix
 /// epoch by the clock of the host that wrote them.
@@ -68,6 +68,27 @@ pub(super) fn record(name: &str, r: Stored) -> RunRecord {
     }
 }
 
+/// The record as the rule reads it: `Err(why)` for one this release
+/// cannot make sense of (not its JSON, an outcome it does not write). Its
+/// times are not judged: they are the writing host's clock, which the rule
+/// never reads (it is etcd's expiry), and a host whose clock is wrong (one
+/// without an RTC, booted in 1970) must not refuse every record.
+pub(super) fn readable(value: &str) -> Result<Stored, String> {
+    let s = serde_json::from_str::<Stored>(value)
+        .map_err(|_| "is not a run record this release reads".to_string())?;
+    if let Some(o) = s.outcome.as_deref().filter(|o| !known_outcome(o)) {
+        return Err(format!(
+            "says its run ended \"{}\"",
+            crate::names::printable(o)
+        ));
+    }
+    Ok(s)
+}
+
+/// What an acquire under the rule found: taken (with the etcd lease
+/// behind the lease key), held or done; or a record it cannot read (why).
+pub(super) type Took = Result<(Acquired, Option<i64>), String>;
+
 impl Members {
     /// How long ago the period key's run started, from what is left of
     /// its etcd lease (whole seconds, truncated, as etcd reports them).
@@ -88,10 +109,13 @@ impl Members {
         holder: &str,
         ttl: i64,
         half: i64,
-    ) -> Res<(Acquired, Option<i64>)> {
+        period: Period,
+    ) -> Res<Took> {
         let mut ids = (None, None);
-        let res = self.try_take_once(name, holder, ttl, half, &mut ids).await;
-        let taken = matches!(res, Ok((Acquired::Taken(_), _)));
+        let res = self
+            .try_take_once(name, holder, ttl, half, period, &mut ids)
+            .await;
+        let taken = matches!(res, Ok(Ok((Acquired::Taken(_), _))));
         if !taken {
             for id in [ids.0, ids.1].into_iter().flatten() {
                 let _ = self.revoke(id).await;
@@ -106,8 +130,9 @@ impl Members {
         holder: &str,
         ttl: i64,
         half: i64,
+        period: Period,
         ids: &mut (Option<i64>, Option<i64>),
-    ) -> Res<(Acquired, Option<i64>)> {
+    ) -> Res<Took> {
         let (lk, ek, pk, rk) = (
             lease_key(name),
             epoch_key(name),
@@ -118,23 +143,46 @@ impl Members {
             let r = self
                 .txn(
                     json!([]),
-                    json!([range_op(&lk), range_op(&ek), range_op(&pk)]),
+                    json!([range_op(&lk), range_op(&ek), range_op(&pk), range_op(&rk)]),
                     json!([]),
                 )
                 .await?;
-            let (lease, counter, period) = (
+            let (lease, counter, period_kv, rec) = (
                 r.range(0)?.kvs.first().cloned(),
                 r.range(1)?.kvs.first().cloned(),
                 r.range(2)?.kvs.first().cloned(),
+                r.range(3)?.kvs.first().cloned(),
             );
+            // A record this release cannot read is never decided on.
+            let stored = match &rec {
+                Some(kv) => match readable(&kv.value) {
+                    Ok(s) => Some(s),
+                    Err(why) => return Ok(Err(why)),
+                },
+                None => None,
+            };
             // This period's run has started, whether or not it still holds
-            // the lease.
-            if let Some(p) = period {
-                let started_ms_ago = self.started_ms_ago(&p).await?;
-                return Ok((Acquired::DoneThisPeriod { started_ms_ago }, None));
+            // the lease; unless --retry-failed and that run (the record
+            // names the period key's holder and epoch) did not end `exit
+            // 0`: failed, or no end, which with the lease key gone (below)
+            // is a run that never ended. Then the period is taken again,
+            // at the revisions read of the period key and the record.
+            let mut again = None;
+            if let Some(p) = period_kv {
+                let failed = period.retry_failed
+                    && stored.as_ref().is_some_and(|s| {
+                        lease_value(s.epoch, &s.holder) == p.value
+                            && s.outcome.as_deref() != Some(SUCCEEDED)
+                    });
+                if !failed {
+                    let started_ms_ago = self.started_ms_ago(&p).await?;
+                    return Ok(Ok((Acquired::DoneThisPeriod { started_ms_ago }, None)));
+                }
+                let rec_rev = rec.as_ref().map_or(0, |kv| kv.mod_revision);
+                again = Some((p, rec_rev));
             }
             if lease.is_some() {
-                return Ok((Acquired::Held, None));
+                return Ok(Ok((Acquired::Held, None)));
             }
             let (current, rev) = match &counter {
                 Some(kv) => (
@@ -181,6 +229,24 @@ impl Members {
             };
             let stored = serde_json::to_string(&stored)
                 .map_err(|e| EtcdError::Refused(format!("cannot write the run record: {e}")))?;
+            // The period key as read: absent, or (a retry) the failed run's,
+            // with its record unchanged since.
+            let period_cmp = match &again {
+                None => json!([
+                    {"key": b64(&pk), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
+                ]),
+                Some((p, rec_rev)) => json!([
+                    {"key": b64(&pk), "target": "MOD", "result": "EQUAL", "mod_revision": p.mod_revision.to_string()},
+                    {"key": b64(&rk), "target": "MOD", "result": "EQUAL", "mod_revision": rec_rev.to_string()},
+                ]),
+            };
+            let mut compare = vec![
+                json!({"key": b64(&lk), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}),
+                json!({"key": b64(&ek), "target": "MOD", "result": "EQUAL", "mod_revision": rev.to_string()}),
+            ];
+            if let serde_json::Value::Array(more) = period_cmp {
+                compare.extend(more);
+            }
             // Safe to send to several members, as `try_take`'s: the
             // counter's mod_revision lets at most one copy put anything,
             // and a copy that fails reads the lease key back: ours (our
@@ -188,11 +254,7 @@ impl Members {
             // it, since one transaction put all four.
             let r = self
                 .txn(
-                    json!([
-                        {"key": b64(&lk), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
-                        {"key": b64(&ek), "target": "MOD", "result": "EQUAL", "mod_revision": rev.to_string()},
-                        {"key": b64(&pk), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
-                    ]),
+                    serde_json::Value::Array(compare),
                     json!([
                         {"request_put": {"key": b64(&lk), "value": b64(&value), "lease": lease_id.to_string()}},
                         {"request_put": {"key": b64(&ek), "value": b64(&epoch.to_string())}},
@@ -219,7 +281,12 @@ impl Members {
                     .first()
                     .is_some_and(|kv| kv.value == value && kv.lease == lease_id);
             if ours {
-                return Ok((Acquired::Taken(epoch), Some(lease_id)));
+                if let Some((p, _)) = again.filter(|(p, _)| p.lease != 0) {
+                    // The failed run's period lease now holds no key: end
+                    // it rather than leave it to run out (best effort).
+                    let _ = self.revoke(p.lease).await;
+                }
+                return Ok(Ok((Acquired::Taken(epoch), Some(lease_id))));
             }
             // Someone else's write came between: look again.
         }
@@ -309,6 +376,45 @@ impl Members {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the rule refuses to decide on: not its JSON, an outcome this
+    /// release does not write; not a time of another host's clock.
+    #[test]
+    fn only_a_record_this_release_writes_is_readable() {
+        let now = now_ms();
+        let rec = |outcome: Option<&str>, started_ms: i64| {
+            serde_json::to_string(&Stored {
+                started_ms,
+                ended_ms: outcome.map(|_| started_ms),
+                holder: "h".into(),
+                epoch: 1,
+                outcome: outcome.map(str::to_string),
+            })
+            .expect("json")
+        };
+        for good in [
+            rec(None, now),
+            rec(Some("exit 0"), now),
+            rec(Some("signal 9"), now - 1000),
+            rec(Some("not started"), now + 5 * 365 * 86_400_000),
+        ] {
+            assert!(readable(&good).is_ok(), "{good}");
+        }
+        for (bad, says) in [
+            ("garbage".to_string(), "is not a run record"),
+            (
+                r#"{"started_ms":"x","holder":"h","epoch":1}"#.to_string(),
+                "is not a run record",
+            ),
+            (
+                rec(Some("exploded"), now),
+                "says its run ended \"exploded\"",
+            ),
+        ] {
+            let why = readable(&bad).expect_err(&bad);
+            assert!(why.contains(says), "{bad}: {why}");
+        }
+    }
 
     #[test]
     fn a_record_reads_back_and_an_unended_one_has_no_end() {

@@ -77,8 +77,8 @@ pub use self::statements::{SCHEMA, TABLE_SQL, UPGRADE_SQL, VALUES_UPGRADE_SQL};
 use super::session::{Connect, Session};
 use super::sql::{self, lease_info, millis, Dialect};
 use super::{
-    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Replication, RunRecord,
-    Schema, Store, StoreError, Target, NOT_STARTED,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Period, Replication,
+    RunRecord, Schema, Store, StoreError, Target, NOT_STARTED, SUCCEEDED,
 };
 use crate::redact::Redacted;
 
@@ -222,21 +222,23 @@ fn denied(e: &sqlx::Error) -> bool {
 }
 
 /// The acquiring transaction (see the module's comment): taken at an
-/// epoch, or held. With `half` (`--once-per`), the period too: after the
-/// row lock, [`DONE_SQL`] says whether this period's run has started, and
-/// [`TAKE_ONCE_SQL`] takes lease and period and writes the run's start.
+/// epoch, or held. With `period` (`--once-per`), the period too: after the
+/// row lock, [`DONE_SQL`] reads the record (one this release cannot read
+/// is refused, and nothing is written) and says whether this period's run
+/// has started, and [`TAKE_ONCE_SQL`] takes lease and period and writes
+/// the run's start.
 async fn take(
     c: &mut MySqlConnection,
     (name, holder, advertise): (&str, &str, Option<&str>),
     us: i64,
-    half: Option<i64>,
-) -> Result<Acquired, sqlx::Error> {
+    period: Option<Period>,
+) -> Result<Result<Acquired, Refusal>, sqlx::Error> {
     let mut tx = c.begin().await?;
     sqlx::query(ENSURE_ROW_SQL)
         .bind(name)
         .execute(&mut *tx)
         .await?;
-    let took = match half {
+    let took = match period {
         None => {
             sqlx::query(TAKE_SQL)
                 .bind(holder)
@@ -245,17 +247,39 @@ async fn take(
                 .execute(&mut *tx)
                 .await?
         }
-        Some(half) => {
-            let done = sqlx::query(DONE_SQL)
-                .bind(name)
+        Some(period) => {
+            let half = micros(period.half);
+            let retry = i64::from(period.retry_failed);
+            let record = sqlx::query(DONE_SQL)
+                .bind(micros(crate::store::FUTURE_LIMIT))
+                .bind(NOT_STARTED)
                 .bind(half)
                 .bind(NOT_STARTED)
+                .bind(retry)
+                .bind(SUCCEEDED)
+                .bind(name)
                 .fetch_optional(&mut *tx)
                 .await?;
-            if let Some(row) = done {
-                let started_ms_ago: i64 = row.try_get(0)?;
-                tx.commit().await?;
-                return Ok(Acquired::DoneThisPeriod { started_ms_ago });
+            if let Some(row) = record {
+                let (start_ok, outcome_ok): (bool, bool) = (row.try_get(0)?, row.try_get(1)?);
+                if !(start_ok && outcome_ok) {
+                    let outcome: Option<String> = row.try_get(2)?;
+                    tx.commit().await?;
+                    return Ok(Err(Refusal::Unreadable(match outcome {
+                        Some(o) if !outcome_ok => {
+                            format!("says its run ended \"{}\"", crate::names::printable(&o))
+                        }
+                        _ => format!(
+                            "has a start more than {} ahead of the server's clock",
+                            crate::duration::show(crate::store::FUTURE_LIMIT)
+                        ),
+                    })));
+                }
+                if row.try_get::<bool, _>(4)? {
+                    let started_ms_ago: i64 = row.try_get(3)?;
+                    tx.commit().await?;
+                    return Ok(Ok(Acquired::DoneThisPeriod { started_ms_ago }));
+                }
             }
             sqlx::query(TAKE_ONCE_SQL)
                 .bind(holder)
@@ -264,13 +288,15 @@ async fn take(
                 .bind(name)
                 .bind(half)
                 .bind(NOT_STARTED)
+                .bind(retry)
+                .bind(SUCCEEDED)
                 .execute(&mut *tx)
                 .await?
         }
     };
     if took.rows_affected() != 1 {
         tx.commit().await?;
-        return Ok(Acquired::Held);
+        return Ok(Ok(Acquired::Held));
     }
     let epoch: i64 = sqlx::query(EPOCH_SQL)
         .bind(name)
@@ -285,7 +311,7 @@ async fn take(
             .await?;
     }
     tx.commit().await?;
-    Ok(Acquired::Taken(epoch))
+    Ok(Ok(Acquired::Taken(epoch)))
 }
 
 async fn table_visible(c: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
@@ -306,28 +332,28 @@ async fn take_or_create(
     c: &mut MySqlConnection,
     key: (&str, &str, Option<&str>),
     us: i64,
-    half: Option<i64>,
+    period: Option<Period>,
 ) -> Result<Result<Acquired, Refusal>, sqlx::Error> {
-    match take(c, key, us, half).await {
+    match take(c, key, us, period).await {
         Err(e) if matches!(number(&e), Some(NO_SUCH_TABLE | 1142)) => {
             if table_visible(c).await? {
                 // Missing a moment ago and there now: a racing first user
                 // created it (a cron fleet's first firing), so try again.
                 // Seen but refused (1142) is no privilege on it.
                 if number(&e) == Some(NO_SUCH_TABLE) {
-                    return take(c, key, us, half).await.map(Ok);
+                    return take(c, key, us, period).await;
                 }
                 return Err(e);
             }
         }
-        done => return done.map(Ok),
+        done => return done,
     }
     let created = sqlx::query(TABLE_SQL).execute(&mut *c).await;
-    match take(c, key, us, half).await {
+    match take(c, key, us, period).await {
         Err(e) if matches!(number(&e), Some(NO_SUCH_TABLE | 1142)) => {
             Ok(Err(Refusal::Table(created.err())))
         }
-        done => done.map(Ok),
+        done => done,
     }
 }
 
@@ -427,6 +453,8 @@ impl MySqlStore {
                     "this renewal may exist on the primary alone and does not count"
                 }
             ))),
+            // Mapped by the acquire, which knows the name; not reached.
+            Refusal::Unreadable(why) => StoreError::fatal(why),
             Refusal::CannotSee(m) => StoreError::fatal(sync(&format!(
                 "cannot read the semi-synchronous replication status: {m} \
                  (SHOW GLOBAL STATUS needs no privilege on MariaDB and MySQL 8; \
@@ -480,12 +508,11 @@ impl MySqlStore {
         &mut self,
         key: &LeaseKey,
         lease: Duration,
-        half: Option<Duration>,
+        period: Option<Period>,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
         let (name, holder, us) = (key.name.as_str(), key.holder.as_str(), micros(lease));
         let advertise = key.advertise.as_deref();
-        let half = half.map(micros);
         let check = self.s.c.require_sync;
         let what = "cannot acquire in";
         let out = self
@@ -505,7 +532,7 @@ impl MySqlStore {
                     }
                     before = Some(st.no_tx);
                 }
-                let got = match take_or_create(c, (name, holder, advertise), us, half).await? {
+                let got = match take_or_create(c, (name, holder, advertise), us, period).await? {
                     Ok(got) => got,
                     Err(r) => return Ok(Err(r)),
                 };
@@ -513,7 +540,7 @@ impl MySqlStore {
                     if semi_sync(c).await?.no_tx != before {
                         // Handed back; under --once-per nothing ran, so
                         // the period is not used up.
-                        let q = match half {
+                        let q = match period {
                             Some(_) => sqlx::query(RELEASE_ENDING_SQL).bind(NOT_STARTED),
                             None => sqlx::query(RELEASE_SQL),
                         };
@@ -530,7 +557,10 @@ impl MySqlStore {
                 Ok(Ok(got))
             })
             .await?;
-        out.map_err(|r| self.refused(what, r))
+        out.map_err(|r| match r {
+            Refusal::Unreadable(why) => crate::store::unreadable(&self.s.c.shown(), name, &why),
+            r => self.refused(what, r),
+        })
     }
 
     /// A `--once-per` acquire that met a table without the run record's
@@ -635,13 +665,13 @@ impl Backend for MySqlStore {
         &mut self,
         key: &LeaseKey,
         lease: Duration,
-        half: Duration,
+        period: Period,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
-        match self.acquire_in(key, lease, Some(half), timeout).await {
+        match self.acquire_in(key, lease, Some(period), timeout).await {
             Err(e) if lacks_column(&e) => {
                 self.add_run_columns(timeout).await?;
-                self.acquire_in(key, lease, Some(half), timeout).await
+                self.acquire_in(key, lease, Some(period), timeout).await
             }
             done => done,
         }

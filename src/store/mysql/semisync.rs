@@ -126,6 +126,9 @@ pub(super) enum Refusal {
     NotAcknowledged { acquired: bool },
     /// `require=sync`: the login may not read what the check needs.
     CannotSee(String),
+    /// `--once-per`: the run record is not one this release can decide
+    /// on (why, as `crate::store::unreadable` says it).
+    Unreadable(String),
 }
 
 /// Step 1 of the `require=sync` check: `None` when an acquisition may go

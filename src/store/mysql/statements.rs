@@ -129,17 +129,32 @@ pub(super) const TAKE_SQL: &str = "UPDATE leader_lease
 pub(super) const EPOCH_SQL: &str = "SELECT epoch FROM leader_lease WHERE name = ?";
 
 // `--once-per` (docs/stores.md, "Once per period"). In the acquiring
-// transaction, after ENSURE_ROW_SQL took the row's exclusive lock: whether
-// a run of this name started less than `half` ago (a locking read, so the
-// latest committed row, as the UPDATE below sees it). A run handed back
-// `not started` does not count. Answers the milliseconds since that start.
-// ? name, ? half µs, ? not started
-pub(super) const DONE_SQL: &str = "SELECT CAST(GREATEST(0, LEAST(
+// transaction, after ENSURE_ROW_SQL took the row's exclusive lock, the
+// record as the rule reads it (a locking read, so the latest committed
+// row, as the UPDATE below sees it): whether its start and its outcome are
+// ones this release writes (a start at most FUTURE_LIMIT ahead of the
+// server's clock; an outcome of `crate::store::known_outcome`'s, compared
+// under the binary collation, since the column's ignores case: not as
+// BINARY, which MySQL 8 will not match against a text pattern), the
+// outcome, the milliseconds since the start, and whether a run of this
+// name started less than `half` ago. A run handed back `not started` does not count;
+// with `--retry-failed` neither does one that did not end `exit 0` (a
+// failed outcome, or none: then either it still holds the lease, and the
+// UPDATE below finds it held, or it never ended). No row: no record.
+// ? future µs, ? not started, ? half µs, ? not started, ? retry (0/1),
+// ? exit 0, ? name
+pub(super) const DONE_SQL: &str = "SELECT
+        run_started_at <= UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
+        run_outcome IS NULL OR run_outcome COLLATE utf8mb4_bin IN ('lost', 'killed', ?)
+          OR run_outcome COLLATE utf8mb4_bin REGEXP '^(exit|signal) [0-9]{1,10}$',
+        run_outcome,
+        CAST(GREATEST(0, LEAST(
              TIMESTAMPDIFF(MICROSECOND, run_started_at, UTC_TIMESTAMP(6)) DIV 1000,
-             315360000000)) AS SIGNED)
+             315360000000)) AS SIGNED),
+        run_started_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+          AND NOT (run_outcome <=> ?) AND NOT (? AND NOT (run_outcome <=> ?))
        FROM leader_lease
-      WHERE name = ? AND run_started_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-        AND NOT (run_outcome <=> ?)
+      WHERE name = ? AND run_started_at IS NOT NULL
       FOR UPDATE";
 
 // TAKE_SQL's takeover that also claims the period and writes the run
@@ -150,7 +165,8 @@ pub(super) const DONE_SQL: &str = "SELECT CAST(GREATEST(0, LEAST(
 // `run_epoch` is assigned before `epoch`: MySQL assigns left to right, each
 // seeing the ones before, while MariaDB under SIMULTANEOUS_ASSIGNMENT sees
 // the old row; `epoch + 1` first is the new epoch under both.
-// ? holder, ? holder, ? lease µs, ? name, ? half µs, ? not started
+// ? holder, ? lease µs, ? holder, ? name, ? half µs, ? not started,
+// ? retry (0/1), ? exit 0
 pub(super) const TAKE_ONCE_SQL: &str = "UPDATE leader_lease
         SET run_epoch = epoch + 1, epoch = epoch + 1, holder = ?,
             expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
@@ -159,7 +175,8 @@ pub(super) const TAKE_ONCE_SQL: &str = "UPDATE leader_lease
       WHERE name = ? AND (holder IS NULL OR expires_at <= UTC_TIMESTAMP(6))
         AND (run_started_at IS NULL
              OR run_started_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-             OR run_outcome <=> ?)";
+             OR run_outcome <=> ?
+             OR (? AND NOT (run_outcome <=> ?)))";
 
 // ? lease µs, ? name, ? holder, ? epoch
 pub(super) const RENEW_SQL: &str = "UPDATE leader_lease

@@ -62,8 +62,8 @@ use super::session::{Connect, Session};
 use super::sql::{self, lease_info, millis};
 use super::wake::Subscription;
 use super::{
-    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Replication, RunRecord,
-    Schema, Store, StoreError, Target,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Period, Replication,
+    RunRecord, Schema, Store, StoreError, Target,
 };
 
 pub use self::statements::{SCHEMA, TABLE_SQL, UPGRADE_SQL};
@@ -294,12 +294,12 @@ impl PgStore {
 /// Whether the row's `synchronous_commit`, `synchronous_standby_names`
 /// (from `at`) make commits wait for a standby.
 impl PgStore {
-    /// The acquire, plain or (with `half`) under `--once-per`'s rule.
+    /// The acquire, plain or (with `period`) under `--once-per`'s rule.
     async fn acquire_in(
         &mut self,
         key: &LeaseKey,
         lease: Duration,
-        half: Option<Duration>,
+        period: Option<Period>,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
         let (name, holder) = (key.name.as_str(), key.holder.as_str());
@@ -308,15 +308,14 @@ impl PgStore {
             self.check_sync(timeout).await?;
         }
         let ms = millis(lease);
-        let half_ms = half.map(millis);
         let values = match &key.advertise {
             Some(a) => taken_values_sql(name, holder, a).map_err(|e| self.s.c.classify(WHAT, e))?,
             None => String::new(),
         };
         let ran = self
             .run(timeout, WHAT, true, |cols| {
-                Ok(match half_ms {
-                    Some(h) => acquire_once_sql(name, holder, ms, h, cols)?,
+                Ok(match period {
+                    Some(p) => acquire_once_sql(name, holder, ms, p, cols)?,
                     None => acquire_sql(name, holder, ms, cols)?,
                 } + &values)
             })
@@ -331,6 +330,17 @@ impl PgStore {
             );
         }
         let Some(row) = ran.rows.iter().find(|r| tag(r) == "taken") else {
+            if let Some(r) = ran.rows.iter().find(|r| tag(r) == "unreadable") {
+                let outcome: Option<String> = r.try_get(2).unwrap_or_default();
+                let why = match outcome.filter(|o| !crate::store::known_outcome(o)) {
+                    Some(o) => format!("says its run ended \"{}\"", crate::names::printable(&o)),
+                    None => format!(
+                        "has a start more than {} ahead of the server's clock",
+                        crate::duration::show(crate::store::FUTURE_LIMIT)
+                    ),
+                };
+                return Err(crate::store::unreadable(&self.s.c.shown, name, &why));
+            }
             return Ok(match ran.rows.iter().find(|r| tag(r) == "done") {
                 Some(r) => Acquired::DoneThisPeriod {
                     started_ms_ago: r
@@ -357,7 +367,7 @@ impl PgStore {
         let handed = self
             .run(timeout, "cannot release in", false, |cols| {
                 // Under --once-per nothing ran: the period is not used up.
-                let ending = half.map(|_| crate::store::NOT_STARTED);
+                let ending = period.map(|_| crate::store::NOT_STARTED);
                 release_sql(name, holder, epoch, 0, ending, cols)
             })
             .await
@@ -482,13 +492,13 @@ impl Backend for PgStore {
         &mut self,
         key: &LeaseKey,
         lease: Duration,
-        half: Duration,
+        period: Period,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
-        match self.acquire_in(key, lease, Some(half), timeout).await {
+        match self.acquire_in(key, lease, Some(period), timeout).await {
             Err(e) if lacks_column(&e) => {
                 self.add_run_columns(timeout).await?;
-                self.acquire_in(key, lease, Some(half), timeout).await
+                self.acquire_in(key, lease, Some(period), timeout).await
             }
             done => done,
         }

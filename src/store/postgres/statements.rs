@@ -171,12 +171,19 @@ fn needs_run_columns() -> sqlx::Error {
 // only when nothing was taken is it looked at. A run whose command never
 // started (its record's outcome `not started`: handed back after a freeze,
 // a late confirmation, a commit not durable) does not count: the period is
-// still to run.
+// still to run. With `--retry-failed` neither does a run that did not end
+// `exit 0`: a failed outcome, or none while the lease is free or expired
+// (the takeover's own condition), which is a run that never ended.
+//
+// A record this release cannot read (`readable`: an outcome it does not
+// write, a start more than FUTURE_LIMIT ahead of the server's clock) is
+// never taken over, and the third statement answers `unreadable` with the
+// outcome instead, whatever the period: the run refuses rather than guess.
 pub(super) fn acquire_once_sql(
     name: &str,
     holder: &str,
     ms: i64,
-    half_ms: i64,
+    period: crate::store::Period,
     cols: Columns,
 ) -> Result<String, sqlx::Error> {
     if cols == Columns::Legacy {
@@ -184,9 +191,22 @@ pub(super) fn acquire_once_sql(
     }
     let (name, holder) = (text(name)?, text(holder)?);
     let end = lease_end(ms);
-    let window = window(half_ms);
+    let ahead = window(millis(crate::store::FUTURE_LIMIT));
+    let window = window(millis(period.half));
     let not_started = text(crate::store::NOT_STARTED)?;
+    let succeeded = text(crate::store::SUCCEEDED)?;
     let started = clamped("run_started_at");
+    let retry = if period.retry_failed { "true" } else { "false" };
+    let readable = |l: &str| {
+        format!(
+            "({l}run_started_at IS NULL
+              OR ({l}run_started_at <= now() + {ahead}
+                  AND ({l}run_outcome IS NULL
+                       OR {l}run_outcome IN ('lost', 'killed', {not_started})
+                       OR {l}run_outcome ~ '^(exit|signal) [0-9]{{1,10}}$')))",
+        )
+    };
+    let (readable_l, readable_row) = (readable("l."), readable(""));
     Ok(format!(
         "WITH t AS (SELECT {TIMELINE} AS tl)
      UPDATE leader_lease l SET expires_at = greatest(l.expires_at, {end}), timeline = t.tl
@@ -205,14 +225,25 @@ pub(super) fn acquire_once_sql(
             run_epoch = greatest(l.epoch + 1, EXCLUDED.epoch), run_outcome = NULL
       WHERE (l.holder IS NULL
              OR (l.expires_at <= now() AND l.timeline IS NOT DISTINCT FROM EXCLUDED.timeline))
+        AND {readable_l}
         AND (l.run_started_at IS NULL OR l.run_started_at <= now() - {window}
-             OR l.run_outcome IS NOT DISTINCT FROM {not_started})
+             OR l.run_outcome IS NOT DISTINCT FROM {not_started}
+             OR ({retry} AND l.run_outcome IS DISTINCT FROM {succeeded}))
      RETURNING 'taken'::text, l.epoch, {SYNC_COLUMNS};
-     SELECT 'done'::text,
-            greatest(0, least(extract(epoch FROM now() - {started}) * 1000, {MAX_MS}))::bigint
-       FROM leader_lease WHERE name = {name} AND run_started_at > now() - {window}
-        AND run_outcome IS DISTINCT FROM {not_started}"
+     SELECT CASE WHEN {readable_row} THEN 'done' ELSE 'unreadable' END,
+            greatest(0, least(extract(epoch FROM now() - {started}) * 1000, {MAX_MS}))::bigint,
+            run_outcome
+       FROM leader_lease WHERE name = {name}
+        AND (NOT {readable_row}
+             OR (run_started_at > now() - {window}
+                 AND run_outcome IS DISTINCT FROM {not_started}
+                 AND NOT ({retry} AND run_outcome IS DISTINCT FROM {succeeded})))"
     ))
+}
+
+/// A duration in whole milliseconds, for a statement.
+fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Ten years in milliseconds: a time shown is clamped to it.
@@ -550,11 +581,30 @@ mod tests {
     /// fall back to statements that would not keep the rule.
     #[test]
     fn once_per_statements_need_the_run_columns() {
-        assert!(acquire_once_sql("n", "h", 1, 1, Columns::Legacy).is_err());
+        let p = crate::store::Period::new(std::time::Duration::from_millis(500));
+        assert!(acquire_once_sql("n", "h", 1, p, Columns::Legacy).is_err());
         assert!(release_sql("n", "h", 1, 0, Some("exit 0"), Columns::Legacy).is_err());
-        let s = acquire_once_sql("n", "h", 1000, 500, Columns::WithTimeline).unwrap();
+        let s = acquire_once_sql("n", "h", 1000, p, Columns::WithTimeline).unwrap();
         assert!(
             s.contains("run_started_at <= now() - make_interval(secs => 500"),
+            "{s}"
+        );
+        // --retry-failed is a term of the same statement, off unless asked.
+        assert!(
+            s.contains("(false AND l.run_outcome IS DISTINCT FROM E'exit 0')"),
+            "{s}"
+        );
+        let retry = crate::store::Period {
+            retry_failed: true,
+            ..p
+        };
+        let s = acquire_once_sql("n", "h", 1000, retry, Columns::WithTimeline).unwrap();
+        assert!(
+            s.contains("(true AND l.run_outcome IS DISTINCT FROM E'exit 0')"),
+            "{s}"
+        );
+        assert!(
+            s.contains("NOT (true AND run_outcome IS DISTINCT FROM E'exit 0')"),
             "{s}"
         );
         let s = release_sql("n", "h", 7, 0, Some("exit 3"), Columns::WithTimeline).unwrap();

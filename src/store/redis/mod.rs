@@ -72,8 +72,8 @@ use super::session::Session;
 use super::sql::millis;
 use super::wake::Subscription;
 use super::{
-    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Replication, RunRecord,
-    Store, StoreError, Target, NOT_STARTED,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Period, Replication,
+    RunRecord, Store, StoreError, Target, NOT_STARTED,
 };
 use crate::redact::Redacted;
 
@@ -189,6 +189,8 @@ enum Taken {
     Held,
     /// `--once-per`: this period's run started this long ago (ms).
     Done(i64),
+    /// `--once-per`: the run record cannot be read (why).
+    Unreadable(String),
     /// Taken and, with `replicas=N`, acknowledged. `fsync` is read once
     /// per run, for the warning.
     Yes {
@@ -266,7 +268,7 @@ impl RedisStore {
         &mut self,
         key: &LeaseKey,
         lease: Duration,
-        half: Option<Duration>,
+        period: Option<Period>,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
         let (name, holder) = (key.name.as_str(), key.holder.as_str());
@@ -274,10 +276,14 @@ impl RedisStore {
         let look = !self.checked;
         let mut keys = vec![lease_key(name), epoch_key(name)];
         let mut args = vec![holder.to_string(), millis(lease).max(1).to_string()];
-        let lua: &Lua = match half {
-            Some(half) => {
+        let lua: &Lua = match period {
+            Some(p) => {
                 keys.extend([period_key(name), run_key(name)]);
-                args.push(millis(half).max(1).to_string());
+                args.extend([
+                    millis(p.half).max(1).to_string(),
+                    if p.retry_failed { "1" } else { "0" }.to_string(),
+                    millis(crate::store::FUTURE_LIMIT).to_string(),
+                ]);
                 &ACQUIRE_ONCE
             }
             None => &ACQUIRE,
@@ -292,6 +298,7 @@ impl RedisStore {
                 let (epoch, server) = match parse_acquired(&v)? {
                     Reply::Held => return Ok(Taken::Held),
                     Reply::Done(ms) => return Ok(Taken::Done(ms)),
+                    Reply::Unreadable(why) => return Ok(Taken::Unreadable(why)),
                     Reply::Taken(epoch, server) => (epoch, server),
                 };
                 let rtt = start.elapsed();
@@ -313,7 +320,7 @@ impl RedisStore {
                         // nothing ran: the period is not used up.
                         let value = lease_value(epoch, &args[0]);
                         let mut back = vec![value, "0".into(), String::new()];
-                        let handed = match half {
+                        let handed = match period {
                             Some(_) => {
                                 back.extend([
                                     NOT_STARTED.to_string(),
@@ -359,6 +366,11 @@ impl RedisStore {
         match taken {
             Taken::Held => Ok(Acquired::Held),
             Taken::Done(started_ms_ago) => Ok(Acquired::DoneThisPeriod { started_ms_ago }),
+            Taken::Unreadable(why) => Err(crate::store::unreadable(
+                &self.s.c.redacted.to_string(),
+                name,
+                &crate::names::printable(&why),
+            )),
             Taken::Yes {
                 epoch,
                 server,
@@ -463,10 +475,10 @@ impl Backend for RedisStore {
         &mut self,
         key: &LeaseKey,
         lease: Duration,
-        half: Duration,
+        period: Period,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
-        match self.acquire_in(key, lease, Some(half), timeout).await {
+        match self.acquire_in(key, lease, Some(period), timeout).await {
             // A user made by the ACL line of the release before --once-per:
             // Redis 7.0 names no command when a script's call is refused.
             Err(e) if !e.may_heal() && refused_by_acl(&e) => Err(e.reworded(|m| {

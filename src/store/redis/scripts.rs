@@ -87,27 +87,59 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 /// `--once-per` (docs/stores.md, "Once per period"). `KEYS[1]` lease,
 /// `KEYS[2]` epoch, `KEYS[3]` period, `KEYS[4]` run record, the values
-/// last; `ARGV[1]` holder, `ARGV[2]` lease ms, `ARGV[3]` half period ms,
-/// the advertised value last. There is no clock
-/// to compare a stored start with but Redis's own expiry, so "a run started
-/// less than half a period ago" *is* the period key, which the taking
-/// script writes `PX half` beside the lease (`START_MS:EPOCH`). Returns
-/// `{'done', ms since that start}` while it lives (whether or not the lease
-/// is held: the period's run has started); nil when the lease is held;
-/// otherwise as ACQUIRE, having also written the run record afresh (start
-/// by `TIME`, holder, epoch; no end, no outcome) in a hash without expiry.
+/// last; `ARGV[1]`
+/// holder, `ARGV[2]` lease ms, `ARGV[3]` half period ms, `ARGV[4]` `1`
+/// for `--retry-failed`, `ARGV[5]` how far ahead of `TIME` a start may be
+/// (ms), the advertised value last. There is no clock to compare a stored start with but Redis's own
+/// expiry, so "a run started less than half a period ago" *is* the period
+/// key, which the taking script writes `PX half` beside the lease
+/// (`START_MS:EPOCH`). Returns `{'done', ms since that start}` while it
+/// lives (whether or not the lease is held: the period's run has
+/// started), unless `--retry-failed` and the record of that run (same
+/// epoch) did not end `exit 0`: a failed outcome, or none, which with the
+/// lease key gone (expired or released) is a run that never ended; such a
+/// period is taken again, and its key written afresh. Nil when the lease
+/// is held; otherwise as ACQUIRE, having also written the run record
+/// afresh (start by `TIME`, holder, epoch; no end, no outcome) in a hash
+/// without expiry. A record or period key this release cannot read (not a
+/// hash, a field that is not a number, an outcome it does not write, a
+/// start more than `ARGV[5]` ahead) is `{'unreadable', why}`, and nothing
+/// is written: the run refuses rather than guess. (`redis.pcall`, not
+/// `TYPE`: the ACL of docs/stores.md has no `+type`.)
 pub(super) const ACQUIRE_ONCE_LUA: &str = concat!(
     now_ms!(),
-    r"
+    r#"
+local function number(v) return v and string.match(v, '^%d+$') ~= nil end
+local function known(o)
+  if o == 'lost' or o == 'killed' or o == 'not started' then return true end
+  local n = string.match(o, '^exit (%d+)$') or string.match(o, '^signal (%d+)$')
+  return n ~= nil and string.len(n) <= 10
+end
+local rec = redis.pcall('HMGET', KEYS[4], 'started', 'ended', 'holder', 'epoch', 'outcome')
+if rec.err then
+  if string.sub(rec.err, 1, 9) == 'WRONGTYPE' then return {'unreadable', 'is not a hash'} end
+  return redis.error_reply(rec.err)
+end
+if rec[1] or rec[2] or rec[3] or rec[4] or rec[5] then
+  if not number(rec[1]) then return {'unreadable', 'has a start that is not a time'} end
+  if tonumber(rec[1]) > now + tonumber(ARGV[5]) then
+    return {'unreadable', 'has a start too far ahead of the server clock'}
+  end
+  if rec[2] and not number(rec[2]) then return {'unreadable', 'has an end that is not a time'} end
+  if not number(rec[4]) then return {'unreadable', 'has an epoch that is not a number'} end
+  if rec[5] and not known(rec[5]) then return {'unreadable', 'says its run ended "' .. rec[5] .. '"'} end
+end
 local started = redis.call('GET', KEYS[3])
 if started then
-  local s = tonumber(string.match(started, '^(%d+)')) or now
-  return {'done', math.max(0, now - s)}
+  local s, pe = string.match(started, '^(%d+):(%d+)$')
+  if not s then return {'unreadable', 'has a period key that is not START:EPOCH'} end
+  local failed = ARGV[4] == '1' and rec[4] == pe and rec[5] ~= 'exit 0'
+  if not failed then return {'done', math.max(0, now - tonumber(s))} end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return false end
 local e = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], e .. ':' .. ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[3], string.format('%d:%d', now, e), 'PX', ARGV[3], 'NX')
+redis.call('SET', KEYS[3], string.format('%d:%d', now, e), 'PX', ARGV[3])
 redis.call('DEL', KEYS[4])
 redis.call('HSET', KEYS[4], 'started', string.format('%d', now), 'holder', ARGV[1], 'epoch', e)
 ",
@@ -115,7 +147,7 @@ redis.call('HSET', KEYS[4], 'started', string.format('%d', now), 'holder', ARGV[
     r"
 return {e, redis.call('INFO', 'server'), redis.call('INFO', 'replication'),
   redis.call('INFO', 'persistence')}
-"
+"#
 );
 
 /// `KEYS[1]` lease, `KEYS[2]` values; `ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` lease ms, `ARGV[3]`
@@ -198,14 +230,20 @@ return 1
 );
 
 /// `KEYS[1]` run record. `{now ms, started, ended, holder, epoch,
-/// outcome}` by the server's clock, or nil when there is no record.
+/// outcome}` by the server's clock, or nil when there is no record, or
+/// none `status` can show (a key of another type: a listing never fails
+/// for one record).
 pub(super) const RECORD_LUA: &str = concat!(
     r"
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 ",
     now_ms!(),
     r"
-local r = redis.call('HMGET', KEYS[1], 'started', 'ended', 'holder', 'epoch', 'outcome')
+local r = redis.pcall('HMGET', KEYS[1], 'started', 'ended', 'holder', 'epoch', 'outcome')
+if r.err then
+  if string.sub(r.err, 1, 9) == 'WRONGTYPE' then return false end
+  return redis.error_reply(r.err)
+end
 return {string.format('%d', now), r[1], r[2], r[3], r[4], r[5]}
 "
 );
@@ -342,6 +380,8 @@ pub(super) enum Reply {
     Held,
     /// `--once-per`: this period's run started this long ago (ms).
     Done(i64),
+    /// `--once-per`: the record cannot be read (why).
+    Unreadable(String),
     Taken(i64, Server),
 }
 
@@ -351,6 +391,9 @@ pub(super) fn parse_acquired(v: &Value) -> Result<Reply, RedisError> {
         Value::Nil => Ok(Reply::Held),
         Value::Array(p) if p.len() == 2 && as_text(&p[0]).as_deref() == Some("done") => Ok(
             Reply::Done(as_int(&p[1]).ok_or_else(|| bad_reply("acquire", v))?),
+        ),
+        Value::Array(p) if p.len() == 2 && as_text(&p[0]).as_deref() == Some("unreadable") => Ok(
+            Reply::Unreadable(as_text(&p[1]).ok_or_else(|| bad_reply("acquire", v))?),
         ),
         Value::Array(p) if p.len() == 4 => {
             let epoch = as_int(&p[0]).ok_or_else(|| bad_reply("acquire", v))?;

@@ -84,8 +84,8 @@ use super::session::{Connect, Session};
 use super::sql::{self, lease_info, millis, Dialect};
 use super::wake::Subscription;
 use super::{
-    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, ResolveError, RunRecord,
-    Schema, Store, StoreError, Target,
+    Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Period, ResolveError,
+    RunRecord, Schema, Store, StoreError, Target,
 };
 use crate::clock::{BootClock, Clock};
 
@@ -955,7 +955,7 @@ impl SqliteStore {
         &mut self,
         key: &LeaseKey,
         lease: Duration,
-        half: Option<Duration>,
+        period: Option<Period>,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
         let what = "cannot acquire in";
@@ -989,7 +989,7 @@ impl SqliteStore {
                     .await
                     .map_err(|e| sql::error(&self.legacy.c, what, e))?;
             }
-            let got = match half {
+            let got = match period {
                 None => sqlx::query(ACQUIRE_SQL)
                     .bind(&key.name)
                     .bind(&key.holder)
@@ -999,17 +999,17 @@ impl SqliteStore {
                     .fetch_optional(&mut conn)
                     .await
                     .and_then(|row| row.map(|r| r.try_get::<i64, _>(0)).transpose())
-                    .map(|e| e.map_or(Acquired::Held, Acquired::Taken)),
-                Some(half) => acquire_once_in(&mut conn, key, ms, millis(half), &boot, &file).await,
+                    .map(|e| Ok(e.map_or(Acquired::Held, Acquired::Taken))),
+                Some(period) => acquire_once_in(&mut conn, key, ms, period, &boot, &file).await,
             }
             .map_err(|e| sql::error(&self.legacy.c, what, e))?;
-            if let Acquired::Taken(_) = got {
+            if let Ok(Acquired::Taken(_)) = got {
                 taken_values(&mut conn, key, &file)
                     .await
                     .map_err(|e| sql::error(&self.legacy.c, what, e))?;
             }
             self.commit(file.clone(), conn, what).await?;
-            Ok(got)
+            got.map_err(|why| crate::store::unreadable(&self.legacy.c.shown(), &key.name, &why))
         };
         bounded(&shown, timeout, work).await
     }
@@ -1097,46 +1097,58 @@ impl SqliteStore {
 /// `--once-per`'s acquire inside the caller's `BEGIN IMMEDIATE` on lease
 /// file `file`: the columns added where missing, then the acquire that
 /// takes lease and period together, then (only when it took nothing) why.
+/// `Ok(Err(why))`: the record is not one this release can decide on.
 async fn acquire_once_in(
     conn: &mut SqliteConnection,
     key: &LeaseKey,
     ms: i64,
-    half_ms: i64,
+    period: Period,
     boot: &str,
     file: &Path,
-) -> Result<Acquired, sqlx::Error> {
+) -> Result<Result<Acquired, String>, sqlx::Error> {
     add_run_columns(conn, file).await?;
     // One instant for both statements, so that "done" is the exact
     // complement of the acquire's condition on the period.
     let now = now_ms();
-    let taken = sqlx::query(ACQUIRE_ONCE_SQL)
-        .bind(&key.name)
-        .bind(&key.holder)
-        .bind(now)
-        .bind(ms)
-        .bind(boot)
-        .bind(half_ms)
-        .bind(wall_ms())
-        .bind(crate::store::NOT_STARTED)
-        .fetch_optional(&mut *conn)
-        .await?;
-    if let Some(r) = taken {
-        return Ok(Acquired::Taken(r.try_get::<i64, _>(0)?));
+    let wall = wall_ms();
+    let bound = |sql| {
+        sqlx::query(sql)
+            .bind(&key.name)
+            .bind(&key.holder)
+            .bind(now)
+            .bind(ms)
+            .bind(boot)
+            .bind(millis(period.half))
+            .bind(wall)
+            .bind(crate::store::NOT_STARTED)
+            .bind(i64::from(period.retry_failed))
+            .bind(crate::store::SUCCEEDED)
+            .bind(millis(crate::store::FUTURE_LIMIT))
+    };
+    if let Some(r) = bound(ACQUIRE_ONCE_SQL).fetch_optional(&mut *conn).await? {
+        return Ok(Ok(Acquired::Taken(r.try_get::<i64, _>(0)?)));
     }
-    let done = sqlx::query(DONE_SQL)
-        .bind(&key.name)
-        .bind(now)
-        .bind(boot)
-        .bind(half_ms)
-        .bind(crate::store::NOT_STARTED)
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(match done {
-        Some(r) => Acquired::DoneThisPeriod {
-            started_ms_ago: r.try_get::<i64, _>(0)?,
+    let Some(r) = bound(DONE_SQL).fetch_optional(&mut *conn).await? else {
+        return Ok(Ok(Acquired::Held));
+    };
+    let (start_ok, outcome_ok): (bool, bool) = (r.try_get(0)?, r.try_get(1)?);
+    let outcome: Option<String> = r.try_get(2)?;
+    if !outcome_ok {
+        let shown = crate::names::printable(outcome.as_deref().unwrap_or_default());
+        return Ok(Err(format!("says its run ended \"{shown}\"")));
+    }
+    if !start_ok {
+        return Ok(Err(format!(
+            "has a start that is not a boot-clock time, or is more than {} ahead of it",
+            crate::duration::show(crate::store::FUTURE_LIMIT)
+        )));
+    }
+    Ok(Ok(match r.try_get::<bool, _>(4)? {
+        true => Acquired::DoneThisPeriod {
+            started_ms_ago: r.try_get::<i64, _>(3)?,
         },
-        None => Acquired::Held,
-    })
+        false => Acquired::Held,
+    }))
 }
 
 /// Give a lease file made before `--once-per` the run record's columns,
@@ -1310,10 +1322,10 @@ impl Backend for SqliteStore {
         &mut self,
         key: &LeaseKey,
         lease: Duration,
-        half: Duration,
+        period: Period,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
-        self.acquire_in(key, lease, Some(half), timeout).await
+        self.acquire_in(key, lease, Some(period), timeout).await
     }
 
     async fn release_ending(

@@ -100,6 +100,35 @@ pub(super) const ACQUIRE_SQL: &str =
          OR CAST(leader_lease.expires_at AS INTEGER) <= ?3
      RETURNING epoch";
 
+/// Whether the record's start is one this release wrote: none, or an
+/// integer of the boot clock not more than ?11 ms ahead of it (a record of
+/// another boot cannot be ahead of anything). SQLite keeps whatever it is
+/// given, so a hand edit or a newer release may have left text or a REAL.
+macro_rules! start_readable {
+    () => {
+        "(leader_lease.run_started_at IS NULL
+          OR (typeof(leader_lease.run_started_at) = 'integer'
+              AND (leader_lease.run_boot_id IS NOT ?5 OR leader_lease.run_started_at <= ?3 + ?11)))"
+    };
+}
+
+/// Whether the record's outcome is one this release writes (as
+/// `crate::store::known_outcome` says): none, `lost`, `killed`, `not
+/// started`, or `exit`/`signal` and one to ten digits.
+macro_rules! outcome_readable {
+    () => {
+        "(leader_lease.run_outcome IS NULL
+          OR (typeof(leader_lease.run_outcome) = 'text'
+              AND (leader_lease.run_outcome IN ('lost', 'killed', ?8)
+                   OR (leader_lease.run_outcome GLOB 'exit [0-9]*'
+                       AND length(leader_lease.run_outcome) <= 15
+                       AND substr(leader_lease.run_outcome, 6) NOT GLOB '*[^0-9]*')
+                   OR (leader_lease.run_outcome GLOB 'signal [0-9]*'
+                       AND length(leader_lease.run_outcome) <= 17
+                       AND substr(leader_lease.run_outcome, 8) NOT GLOB '*[^0-9]*'))))"
+    };
+}
+
 // `--once-per` (docs/stores.md, "Once per period"): the acquire above,
 // whose takeover also requires that no run of this name started less than
 // `half` ago by the boot clock of this boot, and which writes the run
@@ -107,12 +136,18 @@ pub(super) const ACQUIRE_SQL: &str =
 // so of racers one takes the period and the others see its start. A record
 // from another boot counts as started long ago: boot-clock values of
 // another boot mean nothing, and a reboot opens the period (the docs say
-// why). A run handed back `not started` does not count. The epoch and the
-// record's epoch are the same expression on the old row.
+// why). A run handed back `not started` does not count. With
+// `--retry-failed` (?9 = 1) neither does one that did not end `exit 0`:
+// its outcome says it failed, or it has none while the lease is free or
+// expired (the lease condition), so it never ended. The epoch and the
+// record's epoch are the same expression on the old row. A record this
+// release cannot read (`readable!`) is never taken over: the statement
+// after it says why, and the run refuses.
 //
 // ?1 name, ?2 holder, ?3 now (boot ms), ?4 lease ms, ?5 boot id, ?6 half
-// ms, ?7 wall clock (Unix ms, shown only), ?8 `not started`
-pub(super) const ACQUIRE_ONCE_SQL: &str =
+// ms, ?7 wall clock (Unix ms, shown only), ?8 `not started`, ?9 retry
+// failed (0 or 1), ?10 `exit 0`, ?11 how far ahead a start may be (ms)
+pub(super) const ACQUIRE_ONCE_SQL: &str = concat!(
     "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id,
          run_started_at, run_boot_id, run_started_wall, run_ended_at, run_ended_wall,
          run_holder, run_epoch, run_outcome)
@@ -125,22 +160,38 @@ pub(super) const ACQUIRE_ONCE_SQL: &str =
             run_epoch = CAST(leader_lease.epoch AS INTEGER) + 1, run_outcome = NULL
       WHERE (leader_lease.holder IS NULL OR leader_lease.boot_id <> excluded.boot_id
              OR CAST(leader_lease.expires_at AS INTEGER) <= ?3)
+        AND ",
+    start_readable!(),
+    " AND ",
+    outcome_readable!(),
+    "
         AND (leader_lease.run_started_at IS NULL OR leader_lease.run_boot_id IS NOT ?5
              OR CAST(leader_lease.run_started_at AS INTEGER) <= ?3 - ?6
-             OR leader_lease.run_outcome IS ?8)
-     RETURNING epoch";
+             OR leader_lease.run_outcome IS ?8
+             OR (?9 AND leader_lease.run_outcome IS NOT ?10))
+     RETURNING epoch"
+);
 
-// When the acquire above took nothing, in the same transaction: whether
-// that is because this period's run started (the exact complement of its
-// second condition), and how long ago, clamped to ten years; no row when
-// the lease is merely held.
-//
-// ?1 name, ?2 now (boot ms), ?3 boot id, ?4 half ms, ?5 `not started`
-pub(super) const DONE_SQL: &str = "SELECT max(0, ?2 - min(max(CAST(run_started_at AS INTEGER),
-                                        ?2 - 315360000000), ?2 + 315360000000))
+// When the acquire above took nothing, in the same transaction, with the
+// same parameters: whether the record can be read (its start, its
+// outcome, and the outcome as text, for the refusal), how long ago its
+// run started (clamped to ten years) and whether that is why nothing was
+// taken (the exact complement of the acquire's condition on the period,
+// for a readable record). No row without a record: the lease is merely
+// held. Parameters ?2, ?4 and ?7 are bound and unused.
+pub(super) const DONE_SQL: &str = concat!(
+    "SELECT ",
+    start_readable!(),
+    ", ",
+    outcome_readable!(),
+    ", CAST(leader_lease.run_outcome AS TEXT),
+        max(0, ?3 - min(max(CAST(run_started_at AS INTEGER), ?3 - 315360000000),
+                        ?3 + 315360000000)),
+        (run_boot_id IS ?5 AND CAST(run_started_at AS INTEGER) > ?3 - ?6
+         AND run_outcome IS NOT ?8 AND NOT (?9 AND run_outcome IS NOT ?10))
    FROM leader_lease
-  WHERE name = ?1 AND run_started_at IS NOT NULL AND run_boot_id IS ?3
-    AND CAST(run_started_at AS INTEGER) > ?2 - ?4 AND run_outcome IS NOT ?5";
+  WHERE name = ?1 AND run_started_at IS NOT NULL"
+);
 
 // ?1 name, ?2 holder, ?3 epoch, ?4 now, ?5 lease ms, ?6 boot id
 pub(super) const RENEW_SQL: &str = "UPDATE leader_lease SET expires_at = ?4 + ?5
@@ -238,3 +289,133 @@ pub(super) const MARK_MOVED_SQL: &str =
 pub(super) const MOVE_IN_SQL: &str =
     "INSERT INTO leader_lease (name, holder, epoch, expires_at, boot_id)
      VALUES (?1, NULL, ?2, 0, ?3)";
+
+/// `--once-per`'s two statements on a table of their own, with the clock
+/// as a parameter: what the rule, `--retry-failed` and the readability
+/// check take and answer, state by state.
+#[cfg(test)]
+mod once_per_tests {
+    use super::*;
+    use sqlx::{Connection, Row, SqliteConnection};
+
+    const HALF: i64 = 1_000;
+    const BOOT: &str = "boot";
+
+    /// `(taken epoch, DONE_SQL's answer: start readable, outcome readable,
+    /// done)` of one acquire by `holder` at boot-clock `now`.
+    async fn take(
+        c: &mut SqliteConnection,
+        now: i64,
+        retry: bool,
+    ) -> (Option<i64>, Option<(bool, bool, bool)>) {
+        let bound = |sql| {
+            sqlx::query(sql)
+                .bind("job")
+                .bind("h")
+                .bind(now)
+                .bind(500i64)
+                .bind(BOOT)
+                .bind(HALF)
+                .bind(0i64)
+                .bind(crate::store::NOT_STARTED)
+                .bind(i64::from(retry))
+                .bind(crate::store::SUCCEEDED)
+                .bind(86_400_000i64)
+        };
+        let taken = bound(ACQUIRE_ONCE_SQL)
+            .fetch_optional(&mut *c)
+            .await
+            .expect("acquire")
+            .map(|r| r.get::<i64, _>(0));
+        let done = bound(DONE_SQL)
+            .fetch_optional(&mut *c)
+            .await
+            .expect("done")
+            .map(|r| (r.get(0), r.get(1), r.get(4)));
+        (taken, done)
+    }
+
+    async fn set(c: &mut SqliteConnection, set: &str) {
+        sqlx::raw_sql(&format!("UPDATE leader_lease SET {set}"))
+            .execute(&mut *c)
+            .await
+            .expect("update");
+    }
+
+    #[test]
+    fn retry_failed_and_unreadable_records_in_the_statements() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let mut c = SqliteConnection::connect("sqlite::memory:")
+                .await
+                .expect("open");
+            sqlx::raw_sql(TABLE_SQL)
+                .execute(&mut c)
+                .await
+                .expect("table");
+            assert_eq!(take(&mut c, 10_000, false).await.0, Some(1));
+            // Failed and released: done without the flag, taken with it.
+            set(&mut c, "holder = NULL, run_outcome = 'exit 1'").await;
+            assert_eq!(
+                take(&mut c, 10_100, false).await,
+                (None, Some((true, true, true)))
+            );
+            assert_eq!(take(&mut c, 10_200, true).await.0, Some(2));
+            // Succeeded: done either way.
+            set(&mut c, "holder = NULL, run_outcome = 'exit 0'").await;
+            assert_eq!(
+                take(&mut c, 10_300, true).await,
+                (None, Some((true, true, true)))
+            );
+            // No end, lease still live: held (not done: it may yet fail);
+            // lease expired: it never ended, and is retried.
+            set(
+                &mut c,
+                "holder = 'x', run_outcome = NULL, expires_at = 10500",
+            )
+            .await;
+            assert_eq!(
+                take(&mut c, 10_400, true).await,
+                (None, Some((true, true, false)))
+            );
+            assert_eq!(take(&mut c, 10_500, false).await.0, None);
+            assert_eq!(take(&mut c, 10_500, true).await.0, Some(3));
+            // Unreadable: never taken, whatever the period or the flag.
+            for (bad, why) in [
+                ("run_outcome = 'exploded'", (true, false)),
+                ("run_outcome = 'exit 0 '", (true, false)),
+                ("run_outcome = 'exit 12345678901'", (true, false)),
+                ("run_outcome = 3", (true, false)),
+                (
+                    "run_started_at = 'soon', run_outcome = 'exit 1'",
+                    (false, true),
+                ),
+                (
+                    "run_started_at = 1000.5, run_outcome = 'exit 1'",
+                    (false, true),
+                ),
+                (
+                    "run_started_at = 99999999999, run_outcome = 'exit 1'",
+                    (false, true),
+                ),
+            ] {
+                set(&mut c, &format!("holder = NULL, {bad}")).await;
+                for retry in [false, true] {
+                    let (taken, done) = take(&mut c, 1_000_000, retry).await;
+                    assert_eq!(taken, None, "{bad}");
+                    assert_eq!(done.map(|d| (d.0, d.1)), Some(why), "{bad}");
+                }
+            }
+            // Of another boot, a start is not compared with this boot's
+            // clock: long ago, and readable.
+            set(
+                &mut c,
+                "run_started_at = 99999999999, run_boot_id = 'old', run_outcome = 'exit 0'",
+            )
+            .await;
+            assert_eq!(take(&mut c, 1_000_000, false).await.0, Some(4));
+        });
+    }
+}

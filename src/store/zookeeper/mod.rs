@@ -161,6 +161,10 @@ impl Backend for ZkStore {
         true
     }
 
+    fn retry_failed(&self) -> bool {
+        false
+    }
+
     /// The period is the run record's creation time by the ZooKeeper
     /// leader's clock, checked and replaced in the acquiring `multi`
     /// (once.rs).
@@ -168,9 +172,10 @@ impl Backend for ZkStore {
         &mut self,
         key: &LeaseKey,
         lease: Duration,
-        half: Duration,
+        period: crate::store::Period,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
+        let half = period.half;
         self.for_lease(lease);
         let (root, p, acl) = (
             self.root.clone(),
