@@ -9,6 +9,7 @@
 mod support;
 
 mod admin;
+mod advertise;
 mod chaos;
 mod check_in_command;
 mod conformance;

@@ -656,13 +656,26 @@ macro_rules! once_per_on {
             #[test] fn the_record_says_how_a_run_ended() { super::the_record_says_how_a_run_ended(stores::$store()) }
             #[test] fn a_run_killed_before_its_end_leaves_no_end() { super::a_run_killed_before_its_end_leaves_no_end(stores::$store()) }
             #[test] fn a_run_that_never_started_leaves_the_period_open() { super::a_run_that_never_started_leaves_the_period_open(stores::$store()) }
-            #[test] fn a_failed_run_is_retried_and_a_succeeded_one_is_not() { super::a_failed_run_is_retried_and_a_succeeded_one_is_not(stores::$store()) }
-            #[test] fn retry_failed_from_the_command_line() { super::retry_failed_from_the_command_line(stores::$store()) }
         }
     )*};
 }
 
 once_per_on!(postgres, sqlite, mysql, redis, etcd, zookeeper);
+
+/// `--retry-failed`'s tests, on the stores that keep it.
+macro_rules! retry_failed_on {
+    ($($store:ident),* $(,)?) => {$(
+        mod $store {
+            use super::super::*;
+            #[test] fn a_failed_run_is_retried_and_a_succeeded_one_is_not() { super::super::a_failed_run_is_retried_and_a_succeeded_one_is_not(stores::$store()) }
+            #[test] fn retry_failed_from_the_command_line() { super::super::retry_failed_from_the_command_line(stores::$store()) }
+        }
+    )*};
+}
+
+mod retry_failed {
+    retry_failed_on!(postgres, sqlite, mysql, redis, etcd);
+}
 
 /// The lease table as the release before `--once-per` created it on the
 /// embedded store, in the store's file and in every lease file.

@@ -226,7 +226,12 @@ fn durations_are_shown_in_the_units_they_were_given() {
     let mut c = leaderrun();
     c.args(["status", "--store", &store]);
     let r = run(c);
-    assert!(r.stdout.contains("held, expires in 365d"), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("kept by --min-hold (run ended), expires in 365d"),
+        "{}",
+        r.stdout
+    );
 }
 
 #[test]

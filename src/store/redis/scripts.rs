@@ -142,12 +142,12 @@ redis.call('SET', KEYS[1], e .. ':' .. ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[3], string.format('%d:%d', now, e), 'PX', ARGV[3])
 redis.call('DEL', KEYS[4])
 redis.call('HSET', KEYS[4], 'started', string.format('%d', now), 'holder', ARGV[1], 'epoch', e)
-",
+"#,
     taken_values!(),
     r"
 return {e, redis.call('INFO', 'server'), redis.call('INFO', 'replication'),
   redis.call('INFO', 'persistence')}
-"#
+"
 );
 
 /// `KEYS[1]` lease, `KEYS[2]` values; `ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` lease ms, `ARGV[3]`
