@@ -692,6 +692,7 @@ mod once_per {
         mysql,
         redis,
         etcd,
+        zookeeper,
         pgbouncer_transaction,
         pgbouncer_session
     );

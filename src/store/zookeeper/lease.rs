@@ -20,12 +20,12 @@
 use std::time::Duration;
 
 use super::conn::{Conn, Res, ZkError};
-use super::once::{Period, Run};
+use super::once::{Found, Run};
 use super::proto::{
     code, multi_error, op, read_multi, Acl, Op, OpResult, Reader, Stat, EPHEMERAL, PERSISTENT,
 };
 use crate::store::sql::millis;
-use crate::store::{Acquired, LeaseInfo};
+use crate::store::{Acquired, LeaseInfo, LeaseKey};
 
 /// How often an acquisition re-reads after losing a race on the counter,
 /// before it reports the lease as held (someone else is changing it).
@@ -288,18 +288,20 @@ impl Conn {
         Ok((counter, lease))
     }
 
-    /// Take the lease for `holder`, with the ephemeral node on this
-    /// connection's session; under `--once-per` (`half`), the period too
-    /// (once.rs). `Held` when it is held (or others keep changing it).
+    /// Take the lease for `key`'s holder, with the ephemeral node on this
+    /// connection's session; under `--once-per` (`rule`), the period too
+    /// (once.rs). `Held` when it is held (or others keep changing it);
+    /// `Err(why)` for a run record this release cannot read.
     pub async fn take(
         &mut self,
         root: &str,
         p: &Paths,
-        holder: &str,
+        key: &LeaseKey,
         lease: Duration,
-        half: Option<Duration>,
+        rule: Option<crate::store::Period>,
         acl: Acl,
-    ) -> Res<Acquired> {
+    ) -> Res<Result<Acquired, String>> {
+        let holder = key.holder.as_str();
         for _ in 0..ROUNDS {
             let (counter, current) = self.read(p).await?;
             let last = counter.map_or(0, |(e, _)| e);
@@ -308,26 +310,28 @@ impl Conn {
                 if stat.ephemeral_owner == self.creds.id && g.holder == holder && g.epoch == last {
                     // Ours already: an earlier attempt whose reply was lost
                     // took it on this very session.
-                    return Ok(Acquired::Taken(g.epoch));
+                    return Ok(Ok(Acquired::Taken(g.epoch)));
                 }
             }
             // The period before the lease: a run of this period that still
-            // holds the lease is "done this period" too.
-            let run = match half {
-                Some(half) => match self.period(p, half).await? {
-                    Period::Done { started_ms_ago } => {
-                        return Ok(Acquired::DoneThisPeriod { started_ms_ago })
+            // holds the lease is "done this period" too (under
+            // `--retry-failed`, one with no end yet is found held below).
+            let run = match rule {
+                Some(rule) => match self.period(p, rule).await? {
+                    Found::Done { started_ms_ago } => {
+                        return Ok(Ok(Acquired::DoneThisPeriod { started_ms_ago }))
                     }
-                    Period::Open { record } => Some(record),
+                    Found::Open { record } => Some(record),
+                    Found::Unreadable(why) => return Ok(Err(why)),
                 },
                 None => None,
             };
             if let Some((g, stat)) = &current {
                 if !g.hold {
-                    return Ok(Acquired::Held);
+                    return Ok(Ok(Acquired::Held));
                 }
                 if self.leader_now(&p.dir).await? < stat.ctime.saturating_add(g.ms) {
-                    return Ok(Acquired::Held);
+                    return Ok(Ok(Acquired::Held));
                 }
                 expired_hold = Some(stat.version);
             }
@@ -396,14 +400,14 @@ impl Conn {
                 });
             }
             match self.multi(&ops).await? {
-                Ok(_) => return Ok(Acquired::Taken(epoch)),
+                Ok(_) => return Ok(Ok(Acquired::Taken(epoch))),
                 // Someone else moved the counter or the lease node between
                 // the reads and the multi: read again.
                 Err(code::BAD_VERSION | code::NODE_EXISTS | code::NO_NODE) => continue,
                 Err(c) => return Err(ZkError::Server(c)),
             }
         }
-        Ok(Acquired::Held)
+        Ok(Ok(Acquired::Held))
     }
 
     /// Whether the lease is still `holder`'s at `epoch` on this session:

@@ -148,26 +148,22 @@ impl Backend for ZkStore {
             Paths::new(&self.root, &key.name),
             self.acl(),
         );
-        let holder = key.holder.as_str();
         let got = self
             .call(timeout, "cannot acquire in", async |c| {
-                c.take(&root, &p, holder, lease, None, acl).await
+                c.take(&root, &p, key, lease, None, acl).await
             })
             .await?;
-        Ok(got.epoch())
+        // A plain take never reads the run record.
+        Ok(got.ok().and_then(Acquired::epoch))
     }
 
     fn once_per(&self) -> bool {
         true
     }
 
-    fn retry_failed(&self) -> bool {
-        false
-    }
-
     /// The period is the run record's creation time by the ZooKeeper
-    /// leader's clock, checked and replaced in the acquiring `multi`
-    /// (once.rs).
+    /// leader's clock, checked and replaced in the acquiring `multi`, with
+    /// `--retry-failed` read from the same record (once.rs).
     async fn acquire_once(
         &mut self,
         key: &LeaseKey,
@@ -175,18 +171,18 @@ impl Backend for ZkStore {
         period: crate::store::Period,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
-        let half = period.half;
         self.for_lease(lease);
         let (root, p, acl) = (
             self.root.clone(),
             Paths::new(&self.root, &key.name),
             self.acl(),
         );
-        let holder = key.holder.as_str();
-        self.call(timeout, "cannot acquire in", async |c| {
-            c.take(&root, &p, holder, lease, Some(half), acl).await
-        })
-        .await
+        let got = self
+            .call(timeout, "cannot acquire in", async |c| {
+                c.take(&root, &p, key, lease, Some(period), acl).await
+            })
+            .await?;
+        got.map_err(|why| crate::store::unreadable(&self.describe(), &key.name, &why))
     }
 
     /// The record's end first, then the release: a `not started` run's
