@@ -680,6 +680,7 @@ mod values {
         mysql,
         redis,
         etcd,
+        zookeeper,
         pgbouncer_transaction,
         pgbouncer_session
     );

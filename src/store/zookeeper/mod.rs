@@ -41,7 +41,9 @@
 //! `--min-hold` leaves a persistent node that ends `keep` after its
 //! creation by the ZooKeeper leader's clock, compared with that same
 //! clock (lease.rs, `leader_now`): across a failover of the ensemble
-//! it is a different machine's clock. `--once-per`'s rule and record are
+//! it is a different machine's clock. That node is the keep's "kept" mark,
+//! and the lease node carries the `--advertise` value (lease.rs says why
+//! there, not in a node of their own). `--once-per`'s rule and record are
 //! a node made anew by the acquiring `multi`, by that same clock (once.rs).
 //!
 //! With `zk://user:password@…`, every node is created with the creator's
@@ -155,6 +157,12 @@ impl Backend for ZkStore {
             .await?;
         // A plain take never reads the run record.
         Ok(got.ok().and_then(Acquired::epoch))
+    }
+
+    /// The advertised value and the keep mark are in the lease node
+    /// (lease.rs says why).
+    fn advertises(&self) -> bool {
+        true
     }
 
     fn once_per(&self) -> bool {
