@@ -680,6 +680,7 @@ mod values {
         mysql,
         redis,
         etcd,
+        zookeeper,
         pgbouncer_transaction,
         pgbouncer_session
     );
@@ -692,6 +693,7 @@ mod once_per {
         mysql,
         redis,
         etcd,
+        zookeeper,
         pgbouncer_transaction,
         pgbouncer_session
     );

@@ -222,3 +222,25 @@ fn etcd_a_broken_record_is_refused() {
         ],
     );
 }
+
+/// The record is `CHROOT/leaderrun/NAME/run`, `EPOCH\nOUTCOME\nHOLDER`; its
+/// start is the node's creation time, which only the server stamps. A URL
+/// without credentials leaves the nodes open to the hand edit.
+#[test]
+fn zookeeper_a_broken_record_is_refused() {
+    use crate::support::zookeeper::{Client, Zk};
+    let z = Zk::start();
+    let set = |n: &str, data: &[u8]| {
+        let mut c = Client::connect(z.port(), None);
+        c.set(&format!("/leaderrun/{n}/run"), data);
+        c.close();
+    };
+    broken_records_are_refused(
+        &format!("zk://127.0.0.1:{}", z.port()),
+        &[
+            ("an unknown outcome", true, &|n| set(n, b"1\nexploded\nh")),
+            ("an outcome in capitals", true, &|n| set(n, b"1\nEXIT 0\nh")),
+            ("data that is not a record", false, &|n| set(n, b"garbage")),
+        ],
+    );
+}

@@ -581,3 +581,69 @@ fn status_counts_down_from_the_last_renewal() {
     signal(a.id(), nix::sys::signal::Signal::SIGTERM);
     let _ = wait_exit(&mut a, 10 * SEC);
 }
+
+/// `--advertise` and a `--min-hold` keep, end to end: the value is in the
+/// lease node from the take (`status` shows it while the command runs,
+/// not kept), and once the command has exited the keep shows "kept by
+/// --min-hold (run ended)" with the value still there; a later tenure that
+/// advertises nothing shows no value, only its own keep.
+#[test]
+fn status_shows_the_advertised_value_and_the_keep() {
+    let srv = stores::zookeeper();
+    let url = srv.url.clone();
+    let dir = TempDir::new("zk-values");
+    let started = dir.file("started");
+    let mut a = spawn(
+        lr(
+            &url,
+            "adv",
+            &["--advertise", "10.0.0.7:8080", "--min-hold", "3s"],
+            &format!("touch {}; sleep 1", started.display()),
+        ),
+        &dir.file("a.log"),
+    );
+    wait_file(&started, 10 * SEC);
+    let json = |out: Output| -> serde_json::Value {
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+        serde_json::from_str(out.stdout.trim()).expect("status --json")
+    };
+    let j = json(admin(&url, &["status", "--name", "adv", "--json"]));
+    assert_eq!(
+        (&j["advertised"], &j["kept"]),
+        (
+            &serde_json::json!("10.0.0.7:8080"),
+            &serde_json::json!(false)
+        ),
+        "running: {j}"
+    );
+    assert_eq!(a.wait().expect("wait").code(), Some(0));
+    let text = admin(&url, &["status", "--name", "adv"]);
+    assert!(
+        text.stdout.contains("kept by --min-hold (run ended)")
+            && text.stdout.contains("advertises 10.0.0.7:8080"),
+        "{}",
+        text.stdout
+    );
+    let j = json(admin(&url, &["status", "--name", "adv", "--json"]));
+    assert_eq!(
+        (&j["advertised"], &j["kept"], &j["live"]),
+        (
+            &serde_json::json!("10.0.0.7:8080"),
+            &serde_json::json!(true),
+            &serde_json::json!(true)
+        ),
+        "kept: {j}"
+    );
+    let out = run(lr(&url, "adv", &["--wait", "--min-hold", "2s"], "true"));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let j = json(admin(&url, &["status", "--name", "adv", "--json"]));
+    assert_eq!(
+        (&j["epoch"], &j["advertised"], &j["kept"]),
+        (
+            &serde_json::json!(2),
+            &serde_json::Value::Null,
+            &serde_json::json!(true)
+        ),
+        "a later tenure: {j}"
+    );
+}

@@ -5,11 +5,22 @@
 //!
 //! * `epoch`: a persistent node whose data is the last epoch handed out, in
 //!   decimal. Its version is what every write compares.
-//! * `lease`: the grant, `EPOCH\nlease\nMS\nHOLDER`. Ephemeral, owned by
-//!   the holder's session: ZooKeeper deletes it when the session expires.
-//!   A `--min-hold` release replaces it with a persistent
-//!   `EPOCH\nhold\nMS\nHOLDER`, which ends `MS` after its creation by the
-//!   ZooKeeper leader's clock.
+//! * `lease`: the grant, `EPOCH\nlease\nMS\nSESSION\nHOLDER`. Ephemeral,
+//!   owned by the holder's session: ZooKeeper deletes it when the session
+//!   expires. A `--min-hold` release replaces it with a persistent
+//!   `EPOCH\nhold\nMS\n-\nHOLDER`, which ends `MS` after its creation by
+//!   the ZooKeeper leader's clock.
+//!
+//! **The lease's values live in the lease node** (`--advertise`, and the
+//! keep mark): a hold is only ever written by a release with a keep, when
+//! the tenure's run has ended, so a hold *is* the "kept" mark; the
+//! advertised value is a line of the grant (`Grant::encode`). So both are
+//! written by the very `multi` that takes (or keeps) the lease, are this
+//! tenure's alone (the node is made anew by each take, and the next take
+//! deletes the last one), and go with the lease: with the session that
+//! owns the node, the release that deletes it, the hold's end. A node of
+//! its own would need its own ephemeral-or-persistent dance, kept in step
+//! with the lease node's by every `multi`, to say no more.
 //!
 //! An acquisition is one `multi`: the counter set to epoch + 1 *at the
 //! version read* (or created, at 1), an expired hold deleted at its
@@ -20,12 +31,12 @@
 use std::time::Duration;
 
 use super::conn::{Conn, Res, ZkError};
-use super::once::{Period, Run};
+use super::once::{Found, Run};
 use super::proto::{
     code, multi_error, op, read_multi, Acl, Op, OpResult, Reader, Stat, EPHEMERAL, PERSISTENT,
 };
 use crate::store::sql::millis;
-use crate::store::{Acquired, LeaseInfo};
+use crate::store::{Acquired, LeaseInfo, LeaseKey};
 
 /// How often an acquisition re-reads after losing a race on the counter,
 /// before it reports the lease as held (someone else is changing it).
@@ -86,8 +97,21 @@ pub(super) struct Grant {
     /// resumes. Readable only by whoever may also delete the node (its ACL),
     /// so it gives nobody more than they had. Empty for a hold.
     pub session: Option<(i64, Vec<u8>)>,
+    /// `--advertise`'s value for this tenure, kept through its hold.
+    pub advertised: Option<String>,
     pub holder: String,
 }
+
+/// Bytes escaped in the advertised value's line: line breaks (and every
+/// control character), so the value stays one line, and '%' itself.
+const VALUE_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+
+/// What starts the advertised value's line, before the holder's: a
+/// control character, which no holder `--holder` accepts (names.rs), so
+/// a grant written before values were kept (the holder right after the
+/// session) reads as it was. An older release reading a grant with a
+/// value shows it in the holder, which compares with none of its own.
+const VALUE_MARK: char = '\u{1e}';
 
 impl Grant {
     pub fn encode(&self) -> Vec<u8> {
@@ -96,8 +120,12 @@ impl Grant {
             let hex: String = pw.iter().map(|b| format!("{b:02x}")).collect();
             format!("{id}:{hex}")
         });
+        let value = self.advertised.as_deref().map_or(String::new(), |v| {
+            let v = percent_encoding::utf8_percent_encode(v, VALUE_ESCAPED);
+            format!("{VALUE_MARK}{v}\n")
+        });
         format!(
-            "{}\n{kind}\n{}\n{session}\n{}",
+            "{}\n{kind}\n{}\n{session}\n{value}{}",
             self.epoch, self.ms, self.holder
         )
         .into_bytes()
@@ -127,13 +155,24 @@ impl Grant {
                 Some((id.parse().ok()?, pw))
             }
         };
-        let holder = parts.next()?.to_string();
+        let rest = parts.next()?;
+        let (advertised, holder) = match rest.strip_prefix(VALUE_MARK) {
+            Some(marked) => {
+                let (value, holder) = marked.split_once('\n')?;
+                let value = percent_encoding::percent_decode_str(value)
+                    .decode_utf8()
+                    .ok()?;
+                (Some(value.into_owned()), holder)
+            }
+            None => (None, rest),
+        };
         Some(Grant {
             epoch,
             hold,
             ms,
             session,
-            holder,
+            advertised,
+            holder: holder.to_string(),
         })
     }
 }
@@ -288,18 +327,21 @@ impl Conn {
         Ok((counter, lease))
     }
 
-    /// Take the lease for `holder`, with the ephemeral node on this
-    /// connection's session; under `--once-per` (`half`), the period too
-    /// (once.rs). `Held` when it is held (or others keep changing it).
+    /// Take the lease for `key`'s holder, with the ephemeral node on this
+    /// connection's session and `key`'s advertised value in it; under
+    /// `--once-per` (`rule`), the period too (once.rs). `Held` when it is
+    /// held (or others keep changing it); `Err(why)` for a run record this
+    /// release cannot read.
     pub async fn take(
         &mut self,
         root: &str,
         p: &Paths,
-        holder: &str,
+        key: &LeaseKey,
         lease: Duration,
-        half: Option<Duration>,
+        rule: Option<crate::store::Period>,
         acl: Acl,
-    ) -> Res<Acquired> {
+    ) -> Res<Result<Acquired, String>> {
+        let holder = key.holder.as_str();
         for _ in 0..ROUNDS {
             let (counter, current) = self.read(p).await?;
             let last = counter.map_or(0, |(e, _)| e);
@@ -308,26 +350,28 @@ impl Conn {
                 if stat.ephemeral_owner == self.creds.id && g.holder == holder && g.epoch == last {
                     // Ours already: an earlier attempt whose reply was lost
                     // took it on this very session.
-                    return Ok(Acquired::Taken(g.epoch));
+                    return Ok(Ok(Acquired::Taken(g.epoch)));
                 }
             }
             // The period before the lease: a run of this period that still
-            // holds the lease is "done this period" too.
-            let run = match half {
-                Some(half) => match self.period(p, half).await? {
-                    Period::Done { started_ms_ago } => {
-                        return Ok(Acquired::DoneThisPeriod { started_ms_ago })
+            // holds the lease is "done this period" too (under
+            // `--retry-failed`, one with no end yet is found held below).
+            let run = match rule {
+                Some(rule) => match self.period(p, rule).await? {
+                    Found::Done { started_ms_ago } => {
+                        return Ok(Ok(Acquired::DoneThisPeriod { started_ms_ago }))
                     }
-                    Period::Open { record } => Some(record),
+                    Found::Open { record } => Some(record),
+                    Found::Unreadable(why) => return Ok(Err(why)),
                 },
                 None => None,
             };
             if let Some((g, stat)) = &current {
                 if !g.hold {
-                    return Ok(Acquired::Held);
+                    return Ok(Ok(Acquired::Held));
                 }
                 if self.leader_now(&p.dir).await? < stat.ctime.saturating_add(g.ms) {
-                    return Ok(Acquired::Held);
+                    return Ok(Ok(Acquired::Held));
                 }
                 expired_hold = Some(stat.version);
             }
@@ -343,6 +387,7 @@ impl Conn {
                     hold: false,
                     ms: millis(lease),
                     session: Some((self.creds.id, self.creds.passwd.clone())),
+                    advertised: key.advertise.clone(),
                     holder: holder.to_string(),
                 }
                 .encode(),
@@ -396,14 +441,14 @@ impl Conn {
                 });
             }
             match self.multi(&ops).await? {
-                Ok(_) => return Ok(Acquired::Taken(epoch)),
+                Ok(_) => return Ok(Ok(Acquired::Taken(epoch))),
                 // Someone else moved the counter or the lease node between
                 // the reads and the multi: read again.
                 Err(code::BAD_VERSION | code::NODE_EXISTS | code::NO_NODE) => continue,
                 Err(c) => return Err(ZkError::Server(c)),
             }
         }
-        Ok(Acquired::Held)
+        Ok(Ok(Acquired::Held))
     }
 
     /// Whether the lease is still `holder`'s at `epoch` on this session:
@@ -496,11 +541,14 @@ impl Conn {
             return Ok(Some(false));
         }
         let next = e.to_string();
+        // The hold is the keep mark; the tenure's advertised value moves
+        // into it.
         let hold = Grant {
             epoch,
             hold: true,
             ms: millis(keep),
             session: None,
+            advertised: g.advertised.clone(),
             holder: holder.to_string(),
         }
         .encode();
@@ -543,12 +591,19 @@ impl Conn {
         let Some((epoch, _)) = counter else {
             return Ok(None);
         };
-        let (holder, expires_in_ms) = match current {
-            None => (None, None),
+        let (holder, expires_in_ms, advertised, kept) = match current {
+            None => (None, None, None, false),
+            // A hold that ended is a free lease: none of its values.
             Some((g, stat)) if g.hold => {
                 let now = self.leader_now(&p.dir).await?;
                 let left = stat.ctime.saturating_add(g.ms).saturating_sub(now);
-                (Some(g.holder).filter(|_| left > 0), Some(left))
+                let live = left > 0;
+                (
+                    Some(g.holder).filter(|_| live),
+                    Some(left),
+                    g.advertised.filter(|_| live),
+                    live,
+                )
             }
             // The session times out `ms` after the ensemble last heard
             // from its holder, which is when the last renewal (or the
@@ -558,7 +613,7 @@ impl Conn {
             Some((g, stat)) => {
                 let now = self.leader_now(&p.dir).await?;
                 let left = stat.mtime.saturating_add(g.ms).saturating_sub(now);
-                (Some(g.holder), Some(left.max(1)))
+                (Some(g.holder), Some(left.max(1)), g.advertised, false)
             }
         };
         Ok(Some(LeaseInfo {
@@ -566,7 +621,8 @@ impl Conn {
             holder,
             epoch,
             expires_in_ms,
-            ..LeaseInfo::default()
+            advertised,
+            kept,
         }))
     }
 
@@ -707,9 +763,17 @@ mod tests {
             hold: true,
             ms: 1500,
             session: None,
+            advertised: None,
             holder: "host a:1\nodd".into(),
         };
         assert_eq!(Grant::decode(&g.encode()), Some(g.clone()));
+        for value in ["10.0.0.7:8080 (a)", "line\nbreak 100% \u{1e}", ""] {
+            let v = Grant {
+                advertised: Some(value.into()),
+                ..g.clone()
+            };
+            assert_eq!(Grant::decode(&v.encode()), Some(v), "{value:?}");
+        }
         let live = Grant {
             hold: false,
             session: Some((-7, vec![0, 255, 16])),
@@ -717,8 +781,9 @@ mod tests {
         };
         assert_eq!(Grant::decode(&live.encode()), Some(live));
         assert_eq!(
-            Grant::decode(b"7\nlease\n10\n-\nh").map(|g| g.hold),
-            Some(false)
+            Grant::decode(b"7\nlease\n10\n-\nh").map(|g| (g.hold, g.advertised, g.holder)),
+            Some((false, None, "h".into())),
+            "a grant written before values were kept"
         );
         for bad in [
             &b""[..],
@@ -727,6 +792,8 @@ mod tests {
             b"1\nlease\n1\n-",
             b"1\nlease\n1\n5:0\nh",
             b"1\nlease\n1\n5:zz\nh",
+            b"1\nlease\n1\n-\n\x1eno holder line",
+            b"1\nlease\n1\n-\n\x1e%ff\nh",
             b"\xff",
         ] {
             assert_eq!(Grant::decode(bad), None, "{bad:?}");

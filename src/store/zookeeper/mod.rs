@@ -41,7 +41,9 @@
 //! `--min-hold` leaves a persistent node that ends `keep` after its
 //! creation by the ZooKeeper leader's clock, compared with that same
 //! clock (lease.rs, `leader_now`): across a failover of the ensemble
-//! it is a different machine's clock. `--once-per`'s rule and record are
+//! it is a different machine's clock. That node is the keep's "kept" mark,
+//! and the lease node carries the `--advertise` value (lease.rs says why
+//! there, not in a node of their own). `--once-per`'s rule and record are
 //! a node made anew by the acquiring `multi`, by that same clock (once.rs).
 //!
 //! With `zk://user:password@…`, every node is created with the creator's
@@ -148,26 +150,28 @@ impl Backend for ZkStore {
             Paths::new(&self.root, &key.name),
             self.acl(),
         );
-        let holder = key.holder.as_str();
         let got = self
             .call(timeout, "cannot acquire in", async |c| {
-                c.take(&root, &p, holder, lease, None, acl).await
+                c.take(&root, &p, key, lease, None, acl).await
             })
             .await?;
-        Ok(got.epoch())
+        // A plain take never reads the run record.
+        Ok(got.ok().and_then(Acquired::epoch))
+    }
+
+    /// The advertised value and the keep mark are in the lease node
+    /// (lease.rs says why).
+    fn advertises(&self) -> bool {
+        true
     }
 
     fn once_per(&self) -> bool {
         true
     }
 
-    fn retry_failed(&self) -> bool {
-        false
-    }
-
     /// The period is the run record's creation time by the ZooKeeper
-    /// leader's clock, checked and replaced in the acquiring `multi`
-    /// (once.rs).
+    /// leader's clock, checked and replaced in the acquiring `multi`, with
+    /// `--retry-failed` read from the same record (once.rs).
     async fn acquire_once(
         &mut self,
         key: &LeaseKey,
@@ -175,18 +179,18 @@ impl Backend for ZkStore {
         period: crate::store::Period,
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
-        let half = period.half;
         self.for_lease(lease);
         let (root, p, acl) = (
             self.root.clone(),
             Paths::new(&self.root, &key.name),
             self.acl(),
         );
-        let holder = key.holder.as_str();
-        self.call(timeout, "cannot acquire in", async |c| {
-            c.take(&root, &p, holder, lease, Some(half), acl).await
-        })
-        .await
+        let got = self
+            .call(timeout, "cannot acquire in", async |c| {
+                c.take(&root, &p, key, lease, Some(period), acl).await
+            })
+            .await?;
+        got.map_err(|why| crate::store::unreadable(&self.describe(), &key.name, &why))
     }
 
     /// The record's end first, then the release: a `not started` run's

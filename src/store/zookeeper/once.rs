@@ -15,6 +15,22 @@
 //! between the read and the `multi`, so a record old enough when read is
 //! old enough when replaced.
 //!
+//! `--retry-failed` reads the same record in the same step: a run of this
+//! period whose outcome is anything but `exit 0`, or that has none, leaves
+//! the period open to a retrying firing, which then meets the lease check
+//! like any take: a run with no end that still holds the lease (its
+//! ephemeral node, or a `--min-hold` hold) is held, never run beside; one
+//! whose node is gone (its session expired before it wrote an end) failed.
+//! The `multi` deletes the record at the version read, and an end written
+//! meanwhile (`end_run`) moves that version, so a run that succeeds between
+//! the read and the `multi` is never repeated: the `multi` fails and the
+//! next read finds `exit 0`.
+//!
+//! A record this release cannot read (not `EPOCH\nOUTCOME\nHOLDER`, an
+//! outcome it does not write, a creation time more than `FUTURE_LIMIT`
+//! ahead of the leader's clock) is never decided on: the firing refuses
+//! (exit 125), with or without `--retry-failed`.
+//!
 //! Not an ephemeral node (it must outlive the run's session), nor a TTL
 //! node (those need the server's `extendedTypesEnabled`, off by default, and
 //! are deleted by a sweep): a creation time compared with the same clock is
@@ -26,7 +42,7 @@ use super::conn::{Conn, Res, ZkError};
 use super::lease::Paths;
 use super::proto::{code, op};
 use crate::store::sql::millis;
-use crate::store::{RunRecord, NOT_STARTED};
+use crate::store::{known_outcome, RunRecord, FUTURE_LIMIT, NOT_STARTED, SUCCEEDED};
 
 /// The record's data: `EPOCH\nOUTCOME\nHOLDER`, the outcome `-` until the
 /// release writes it.
@@ -65,11 +81,30 @@ impl Run {
 }
 
 /// What the record says of this firing's period.
-pub(super) enum Period {
-    /// A run started less than half a period ago.
+pub(super) enum Found {
+    /// A run started less than half a period ago (and, under
+    /// `--retry-failed`, exited 0).
     Done { started_ms_ago: i64 },
-    /// This firing may run; the last record's version, to replace it.
+    /// This firing may run, if the lease is free; the last record's
+    /// version, to replace it.
     Open { record: Option<i32> },
+    /// A record no run of this release writes: why, for
+    /// `crate::store::unreadable`.
+    Unreadable(String),
+}
+
+/// The record's data as the rule reads it: `Err(why)` for data this
+/// release does not write (its start is checked against the leader's
+/// clock by the caller: it is the node's `ctime`, not in the data).
+pub(super) fn readable(data: &[u8]) -> Result<Run, String> {
+    let run = Run::decode(data).ok_or("is not a run record this release reads")?;
+    if let Some(o) = run.outcome.as_deref().filter(|o| !known_outcome(o)) {
+        return Err(format!(
+            "says its run ended \"{}\"",
+            crate::names::printable(o)
+        ));
+    }
+    Ok(run)
 }
 
 /// A time by the leader's clock, in milliseconds since 1970, as RFC 3339.
@@ -81,28 +116,49 @@ fn rfc3339(ms: i64) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
-fn foreign() -> ZkError {
-    ZkError::Refused("its run node was written by something else".into())
-}
-
 impl Conn {
-    /// Whether a run of this name started less than `half` ago by the
-    /// leader's clock (a `not started` one does not count).
-    pub(super) async fn period(&mut self, p: &Paths, half: Duration) -> Res<Period> {
+    /// Whether a run of this name started less than `rule.half` ago by the
+    /// leader's clock (a `not started` one does not count; under
+    /// `rule.retry_failed`, neither does one that did not exit 0).
+    pub(super) async fn period(&mut self, p: &Paths, rule: crate::store::Period) -> Res<Found> {
         let Some((data, stat)) = self.get(&p.run).await? else {
-            return Ok(Period::Open { record: None });
+            return Ok(Found::Open { record: None });
         };
-        let run = Run::decode(&data).ok_or_else(foreign)?;
-        if run.outcome.as_deref() != Some(NOT_STARTED) {
-            let ago = self.leader_now(&p.dir).await?.saturating_sub(stat.ctime);
-            if ago < millis(half) {
-                return Ok(Period::Done {
-                    started_ms_ago: ago.max(0),
-                });
-            }
-        }
-        Ok(Period::Open {
+        let run = match readable(&data) {
+            Ok(run) => run,
+            Err(why) => return Ok(Found::Unreadable(why)),
+        };
+        let open = Found::Open {
             record: Some(stat.version),
+        };
+        if run.outcome.as_deref() == Some(NOT_STARTED) {
+            return Ok(open);
+        }
+        let now = self.leader_now(&p.dir).await?;
+        // The start is the leader's own stamp, so only a leader clock far
+        // ahead once (then set right) puts it there; as on the other
+        // stores, a start that far ahead would shut the period for longer
+        // than any step an operator would miss, so it is refused.
+        let ahead = stat.ctime.saturating_sub(now);
+        if ahead > millis(FUTURE_LIMIT) {
+            return Ok(Found::Unreadable(format!(
+                "says its run started {} from now by the ZooKeeper leader's clock",
+                crate::duration::show(Duration::from_millis(ahead.unsigned_abs()))
+            )));
+        }
+        let ago = now.saturating_sub(stat.ctime);
+        if ago >= millis(rule.half) {
+            return Ok(open);
+        }
+        // This period's run. Retried only when it failed or has no end; a
+        // run with no end that still holds the lease is found held by the
+        // take's lease check, after this.
+        let failed = run.outcome.as_deref() != Some(SUCCEEDED);
+        if rule.retry_failed && failed {
+            return Ok(open);
+        }
+        Ok(Found::Done {
+            started_ms_ago: ago.max(0),
         })
     }
 
@@ -186,5 +242,16 @@ mod tests {
         for bad in [&b""[..], b"x\n-\nh", b"1\n-", b"\xff"] {
             assert_eq!(Run::decode(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_rule_reads_only_records_this_release_writes() {
+        for good in [&b"3\n-\nh"[..], b"3\nexit 1\nh", b"3\nnot started\nh"] {
+            assert!(readable(good).is_ok(), "{good:?}");
+        }
+        let why = readable(b"3\nexploded\nh").expect_err("an unknown outcome");
+        assert!(why.contains("exploded"), "{why}");
+        assert!(readable(b"3\nEXIT 0\nh").is_err());
+        assert!(readable(b"garbage").is_err());
     }
 }
