@@ -156,6 +156,11 @@ fn values_etcd() {
     values_on(stores::etcd());
 }
 
+#[test]
+fn values_zookeeper() {
+    values_on(stores::zookeeper());
+}
+
 /// Bad values are refused before anything runs: exit 2, one line, no
 /// command. Invalid UTF-8 too (clap's refusal).
 #[test]

@@ -674,7 +674,7 @@ macro_rules! retry_failed_on {
 }
 
 mod retry_failed {
-    retry_failed_on!(postgres, sqlite, mysql, redis, etcd);
+    retry_failed_on!(postgres, sqlite, mysql, redis, etcd, zookeeper);
 }
 
 /// The lease table as the release before `--once-per` created it on the
