@@ -47,7 +47,8 @@
 //! `status` to show, never compared. A run of another boot counts as
 //! started long ago (a reboot opens the period). A lease file made before
 //! `--once-per` gets the columns at its first `--once-per` acquire
-//! (`add_run_columns`); a plain run names none of them.
+//! (once.rs); a plain run names none of them. The lease's values (values.rs)
+//! get their columns likewise, where a value is first written.
 //!
 //! Each run opens its lease's file, writes twice and closes it. By default
 //! SQLite's last connection to close copies the WAL into the database,
@@ -69,9 +70,16 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, Sq
 use sqlx::{ConnectOptions, Connection, Row};
 use tokio::time::Instant;
 
+mod once;
 mod path;
 mod statements;
 mod stopped;
+mod unblock;
+mod values;
+
+use self::once::acquire_once_in;
+use self::unblock::{begin_on_store_file, end_stopped_on_store_file, unblock, Blocked};
+use self::values::{released_values, taken_values};
 pub(crate) mod wake;
 
 use self::path::{create_private_dir, make_lease_dir, why_unopenable};
@@ -658,6 +666,38 @@ fn unmoved(mut info: LeaseInfo) -> LeaseInfo {
 
 /// "no such column": a lease file made before `--once-per`, read for its
 /// run record.
+/// Whether a lease file has every column of `cols`, after adding the
+/// missing ones when `add`; and which were added. Inside the caller's write
+/// transaction: under the file's write lock no other process can be adding
+/// them at the same time, and one that added them before is seen here
+/// (SQLite has no `ADD COLUMN IF NOT EXISTS`, so the table's columns are
+/// read first). An older leaderrun's statements name none of them.
+async fn columns(
+    conn: &mut SqliteConnection,
+    cols: &[(&'static str, &str)],
+    add: bool,
+) -> Result<(bool, Vec<&'static str>), sqlx::Error> {
+    let have: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_table_info('leader_lease')")
+            .fetch_all(&mut *conn)
+            .await?;
+    let missing: Vec<_> = cols
+        .iter()
+        .filter(|(c, _)| !have.iter().any(|h| h == c))
+        .collect();
+    if missing.is_empty() || !add {
+        return Ok((missing.is_empty(), Vec::new()));
+    }
+    let mut added = Vec::new();
+    for (col, ty) in missing {
+        sqlx::raw_sql(&format!("ALTER TABLE leader_lease ADD COLUMN {col} {ty}"))
+            .execute(&mut *conn)
+            .await?;
+        added.push(*col);
+    }
+    Ok((true, added))
+}
+
 fn no_column(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.message().starts_with("no such column"))
 }
@@ -697,126 +737,6 @@ where
         match query().fetch_all(&mut *conn).await {
             Err(e) if busy(&e) => tokio::time::sleep(SLICE).await,
             r => return r,
-        }
-    }
-}
-
-/// Whether a stopped leaderrun that holds lease `name`'s file may be ended
-/// for a caller with `claim`, given the row as it was last committed
-/// (`None`: no row; `Err`: it cannot even be read, which only a process
-/// stopped while rebuilding the WAL index, before it read anything, causes).
-///
-/// Ended are the processes that stand between the lease and the one it
-/// belongs to: when the lease is free, over, or from another boot, nobody's
-/// run depends on the stopped process any more (a holder stopped past its
-/// lease has lost it; its watchdog stopped its command by `G + K < L`);
-/// and when the caller holds the current grant, the stopped process (a
-/// contender, an operator's command, a watcher) has no claim on the lease
-/// at all, while waiting for it would cost the holder its lease. A stopped
-/// holder of a live lease is never ended by a rival: it may be continued
-/// before its give-up deadline, and then it has lost nothing.
-fn may_end(row: Result<Option<&State>, ()>, claim: Claim<'_>, now: i64, boot: &str) -> bool {
-    let Ok(Some(row)) = row else { return true };
-    if !row.live(now, boot) {
-        return true;
-    }
-    match claim {
-        Claim::Lease => false,
-        Claim::Grant { holder, epoch } => {
-            row.holder.as_deref() == Some(holder) && row.epoch == epoch
-        }
-    }
-}
-
-/// What holds a lease file's write lock, as far as `unblock` could tell.
-#[derive(PartialEq, Eq)]
-enum Blocked {
-    /// A live process, or one that is not ours to end: wait.
-    Other,
-    /// A stopped leaderrun, left alone because the lease is live and not
-    /// the caller's (`may_end`).
-    ByLiveLease,
-    /// A stopped leaderrun, ended: the lock is about to be let go.
-    Ended,
-}
-
-/// Lease file `file`'s write lock is taken by someone else: if that is a
-/// stopped leaderrun that `may_end` allows ending, end it (its locks go
-/// with it, and the caller's next attempt gets the lock).
-async fn unblock(
-    file: &Path,
-    conn: Option<&mut SqliteConnection>,
-    name: &str,
-    claim: Claim<'_>,
-) -> Blocked {
-    let Some(pid) = stopped::stopped_holder(file) else {
-        return Blocked::Other;
-    };
-    let Ok(boot) = boot_id() else {
-        return Blocked::Other;
-    };
-    let row = match conn {
-        Some(c) => read_state(c, name).await.map_err(|_| ()),
-        None => Err(()),
-    };
-    if !may_end(
-        row.as_ref().map(Option::as_ref).map_err(|_| ()),
-        claim,
-        now_ms(),
-        &boot,
-    ) {
-        tracing::debug!(
-            event = "store_stopped_holder",
-            pid,
-            "a stopped leaderrun (pid {pid}) holds the file of lease {name}; the lease is live"
-        );
-        return Blocked::ByLiveLease;
-    }
-    if !stopped::end(file, pid) {
-        return Blocked::Other;
-    }
-    tracing::warn!(
-        event = "store_stopped_holder",
-        pid,
-        "ended leaderrun pid {pid}: it was stopped while it held the file of lease {name} ({}), which held up the lease",
-        file.display()
-    );
-    Blocked::Ended
-}
-
-/// The store's own file is written only to move a lease out of it (and by
-/// an older leaderrun, during an upgrade): a leaderrun stopped while it
-/// holds that file's write lock holds up the move of every lease not moved
-/// yet, so it is ended. It holds nothing of value there: a leaderrun of
-/// this release only marks rows moved, and an older one is ended as a
-/// kill -9 would end it (its watchdog hands its lease back).
-fn end_stopped_on_store_file(db: &Path) -> bool {
-    let Some(pid) = stopped::stopped_holder(db) else {
-        return false;
-    };
-    if !stopped::end(db, pid) {
-        return false;
-    }
-    tracing::warn!(
-        event = "store_stopped_holder",
-        pid,
-        "ended leaderrun pid {pid}: it was stopped while it held the write lock of {}",
-        db.display()
-    );
-    true
-}
-
-/// `BEGIN IMMEDIATE` on the store's own file, a [`SLICE`] at a time, a
-/// stopped leaderrun in the way ended (`end_stopped_on_store_file`); the
-/// caller's timeout bounds the wait.
-async fn begin_on_store_file(conn: &mut SqliteConnection, db: &Path) -> Result<(), sqlx::Error> {
-    loop {
-        match sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await {
-            Ok(_) => return Ok(()),
-            Err(e) if busy(&e) => {
-                end_stopped_on_store_file(db);
-            }
-            Err(e) => return Err(e),
         }
     }
 }
@@ -1044,232 +964,6 @@ impl SqliteStore {
         }
         Ok(freed)
     }
-
-    /// The run records (`--once-per`) of `name`'s file, or of every lease
-    /// file, read without a lock. A file made before `--once-per` has the
-    /// columns only once a `--once-per` run used it: until then it keeps
-    /// no record. The store's own file keeps none (leases moved out of it
-    /// before `--once-per` ran on them).
-    async fn read_records(&mut self, name: Option<&str>) -> Result<Vec<RunRecord>, StoreError> {
-        let what = "cannot read";
-        let boot = boot_id()?;
-        let files = match name {
-            Some(n) => vec![self.file(n)?],
-            None => self.lease_files(),
-        };
-        let mut all = Vec::new();
-        for file in files {
-            if !file.exists() {
-                continue;
-            }
-            let mut conn = match self.readers.remove(&file) {
-                Some(c) => c,
-                None => self.legacy.c.open_file(&file, false).await?,
-            };
-            let rows = read_all_until_answered(&mut conn, || {
-                sqlx::query(RUN_RECORDS_SQL)
-                    .bind(now_ms())
-                    .bind(&boot)
-                    .bind(wall_ms())
-                    .bind(name)
-            })
-            .await;
-            let rows = match rows {
-                Ok(rows) => {
-                    self.readers.insert(file.clone(), conn);
-                    rows
-                }
-                Err(e) if no_table(&e) || no_column(&e) => {
-                    self.readers.insert(file.clone(), conn);
-                    Vec::new()
-                }
-                Err(e) => return Err(self.legacy.c.classify(what, e)),
-            };
-            for r in &rows {
-                all.push(run_record(r).map_err(|e| self.legacy.c.classify(what, e))?);
-            }
-        }
-        all.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(all)
-    }
-}
-
-/// `--once-per`'s acquire inside the caller's `BEGIN IMMEDIATE` on lease
-/// file `file`: the columns added where missing, then the acquire that
-/// takes lease and period together, then (only when it took nothing) why.
-/// `Ok(Err(why))`: the record is not one this release can decide on.
-async fn acquire_once_in(
-    conn: &mut SqliteConnection,
-    key: &LeaseKey,
-    ms: i64,
-    period: Period,
-    boot: &str,
-    file: &Path,
-) -> Result<Result<Acquired, String>, sqlx::Error> {
-    add_run_columns(conn, file).await?;
-    // One instant for both statements, so that "done" is the exact
-    // complement of the acquire's condition on the period.
-    let now = now_ms();
-    let wall = wall_ms();
-    let bound = |sql| {
-        sqlx::query(sql)
-            .bind(&key.name)
-            .bind(&key.holder)
-            .bind(now)
-            .bind(ms)
-            .bind(boot)
-            .bind(millis(period.half))
-            .bind(wall)
-            .bind(crate::store::NOT_STARTED)
-            .bind(i64::from(period.retry_failed))
-            .bind(crate::store::SUCCEEDED)
-            .bind(millis(crate::store::FUTURE_LIMIT))
-    };
-    if let Some(r) = bound(ACQUIRE_ONCE_SQL).fetch_optional(&mut *conn).await? {
-        return Ok(Ok(Acquired::Taken(r.try_get::<i64, _>(0)?)));
-    }
-    let Some(r) = bound(DONE_SQL).fetch_optional(&mut *conn).await? else {
-        return Ok(Ok(Acquired::Held));
-    };
-    let (start_ok, outcome_ok): (bool, bool) = (r.try_get(0)?, r.try_get(1)?);
-    let outcome: Option<String> = r.try_get(2)?;
-    if !outcome_ok {
-        let shown = crate::names::printable(outcome.as_deref().unwrap_or_default());
-        return Ok(Err(format!("says its run ended \"{shown}\"")));
-    }
-    if !start_ok {
-        return Ok(Err(format!(
-            "has a start that is not a boot-clock time, or is more than {} ahead of it",
-            crate::duration::show(crate::store::FUTURE_LIMIT)
-        )));
-    }
-    Ok(Ok(match r.try_get::<bool, _>(4)? {
-        true => Acquired::DoneThisPeriod {
-            started_ms_ago: r.try_get::<i64, _>(3)?,
-        },
-        false => Acquired::Held,
-    }))
-}
-
-/// Give a lease file made before `--once-per` the run record's columns,
-/// inside the caller's write transaction: under the file's write lock no
-/// other process can be adding them at the same time, and one that added
-/// them before is seen here (SQLite has no `ADD COLUMN IF NOT EXISTS`, so
-/// the table's columns are read first). A plain run never calls this: its
-/// statements name none of these columns.
-async fn add_run_columns(conn: &mut SqliteConnection, file: &Path) -> Result<(), sqlx::Error> {
-    let have: Vec<String> =
-        sqlx::query_scalar("SELECT name FROM pragma_table_info('leader_lease')")
-            .fetch_all(&mut *conn)
-            .await?;
-    let mut added = Vec::new();
-    for (col, ty) in RUN_COLUMNS {
-        if !have.iter().any(|h| h == col) {
-            sqlx::raw_sql(&format!("ALTER TABLE leader_lease ADD COLUMN {col} {ty}"))
-                .execute(&mut *conn)
-                .await?;
-            added.push(col);
-        }
-    }
-    if !added.is_empty() {
-        tracing::info!(
-            event = "store_schema",
-            "added the run record's columns to {} (for --once-per): {}",
-            file.display(),
-            added.join(", ")
-        );
-    }
-    Ok(())
-}
-
-/// After a take, inside its transaction: the new tenure's `--advertise`
-/// value (or none: an earlier tenure's must not linger), no end yet. A
-/// file made before these columns gets them where a value is to be
-/// written (an older leaderrun names none of them); a plain run leaves such
-/// a file as it is.
-async fn taken_values(
-    conn: &mut SqliteConnection,
-    key: &LeaseKey,
-    file: &Path,
-) -> Result<(), sqlx::Error> {
-    if !value_columns(conn, file, key.advertise.is_some()).await? {
-        return Ok(());
-    }
-    sqlx::query(TAKEN_VALUES_SQL)
-        .bind(&key.name)
-        .bind(key.advertise.as_deref())
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
-}
-
-/// After a release of `key`'s grant at `epoch`, inside its transaction:
-/// kept (`--min-hold`, `keep_ms` > 0), the tenure is marked ended; freed,
-/// its value goes with it.
-async fn released_values(
-    conn: &mut SqliteConnection,
-    key: &LeaseKey,
-    epoch: i64,
-    keep_ms: i64,
-    file: &Path,
-) -> Result<(), sqlx::Error> {
-    if !value_columns(conn, file, keep_ms > 0).await? {
-        return Ok(());
-    }
-    sqlx::query(RELEASED_VALUES_SQL)
-        .bind(&key.name)
-        .bind(epoch)
-        .bind(keep_ms)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
-}
-
-/// Whether the file has the lease's value columns, after adding them when
-/// `add` and a file made before them lacks them, inside the caller's write
-/// transaction (as `add_run_columns`).
-async fn value_columns(
-    conn: &mut SqliteConnection,
-    file: &Path,
-    add: bool,
-) -> Result<bool, sqlx::Error> {
-    let have: Vec<String> =
-        sqlx::query_scalar("SELECT name FROM pragma_table_info('leader_lease')")
-            .fetch_all(&mut *conn)
-            .await?;
-    let all = VALUE_COLUMNS
-        .iter()
-        .all(|(col, _)| have.iter().any(|h| h == col));
-    if all || !add {
-        return Ok(all);
-    }
-    for (col, ty) in VALUE_COLUMNS {
-        if !have.iter().any(|h| h == col) {
-            sqlx::raw_sql(&format!("ALTER TABLE leader_lease ADD COLUMN {col} {ty}"))
-                .execute(&mut *conn)
-                .await?;
-            tracing::debug!(
-                event = "store_schema",
-                "added column {col} to {}",
-                file.display()
-            );
-        }
-    }
-    Ok(true)
-}
-
-/// A run record from a row of `RUN_RECORDS_SQL`.
-fn run_record(r: &sqlx::sqlite::SqliteRow) -> Result<RunRecord, sqlx::Error> {
-    Ok(RunRecord {
-        name: r.try_get(0)?,
-        holder: r.try_get(1)?,
-        epoch: r.try_get::<Option<i64>, _>(2)?.unwrap_or_default(),
-        outcome: r.try_get(3)?,
-        started_at: r.try_get::<Option<String>, _>(4)?.unwrap_or_default(),
-        started_ms_ago: r.try_get::<Option<i64>, _>(5)?.unwrap_or_default(),
-        ended_at: r.try_get(6)?,
-        ended_ms_ago: r.try_get(7)?,
-    })
 }
 
 impl Backend for SqliteStore {
@@ -1429,50 +1123,5 @@ impl Backend for SqliteStore {
             touch(&self.legacy.c.path, name);
         }
         Ok(cleared)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn state(holder: Option<&str>, epoch: i64, expires_at: i64, boot: &str) -> State {
-        State {
-            holder: holder.map(str::to_string),
-            epoch,
-            expires_at,
-            boot: boot.to_string(),
-        }
-    }
-
-    #[test]
-    fn a_stopped_process_is_ended_only_for_a_better_claim() {
-        let grant = Claim::Grant {
-            holder: "h",
-            epoch: 7,
-        };
-        let live = state(Some("h"), 7, 2_000, "b");
-        // A live lease: its holder may end a stopped process in its way, a
-        // rival may not.
-        assert!(may_end(Ok(Some(&live)), grant, 1_000, "b"));
-        assert!(!may_end(Ok(Some(&live)), Claim::Lease, 1_000, "b"));
-        // ...nor may a former holder (another epoch, another holder).
-        let other = Claim::Grant {
-            holder: "h",
-            epoch: 6,
-        };
-        assert!(!may_end(Ok(Some(&live)), other, 1_000, "b"));
-        let stranger = Claim::Grant {
-            holder: "x",
-            epoch: 7,
-        };
-        assert!(!may_end(Ok(Some(&live)), stranger, 1_000, "b"));
-        // Over, free, from another boot, no row, unreadable: anyone.
-        assert!(may_end(Ok(Some(&live)), Claim::Lease, 2_000, "b"));
-        let free = state(None, 7, 5_000, "b");
-        assert!(may_end(Ok(Some(&free)), Claim::Lease, 1_000, "b"));
-        assert!(may_end(Ok(Some(&live)), Claim::Lease, 1_000, "other boot"));
-        assert!(may_end(Ok(None), Claim::Lease, 1_000, "b"));
-        assert!(may_end(Err(()), Claim::Lease, 1_000, "b"));
     }
 }

@@ -27,7 +27,7 @@ pub const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
 
 /// The lease's values (`sql::lease_info`) and their types: a lease file
 /// made before them gets them at its next acquire or release by this
-/// release (`add_value_columns`), inside that write's transaction; an
+/// release that writes one (values.rs), inside that write's transaction; an
 /// older leaderrun's statements name none of them.
 pub(super) const VALUE_COLUMNS: [(&str, &str); 3] = [
     ("advertised", "TEXT"),

@@ -8,7 +8,7 @@
 //! process found stopped while holding it will not let go before it is
 //! continued, which may be never.
 //!
-//! Who ends it, and when, is the caller's choice (mod.rs, `may_end`); this
+//! Who ends it, and when, is the caller's choice (unblock.rs, `may_end`); this
 //! file only finds the holder and ends it safely:
 //!
 //! * the holder is read from `/proc/locks`, never by opening the file and
