@@ -73,7 +73,7 @@ impl StoreError {
 
     /// The same failure, said differently (a hint added, a warning the
     /// server gave): kind and source are kept.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
     pub(crate) fn reworded(mut self, f: impl FnOnce(&str) -> String) -> StoreError {
         self.text = f(&self.text);
         self

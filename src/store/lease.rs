@@ -41,6 +41,7 @@ impl LeaseInfo {
 /// own beside the lease: `EPOCH:r:TEXT` while the tenure at `EPOCH` runs,
 /// `EPOCH:k:TEXT` once its run has ended and only `--min-hold` keeps it
 /// (`TEXT` the advertised value, empty for none).
+#[cfg(feature = "etcd")]
 pub(crate) fn values_text(epoch: i64, kept: bool, advertised: Option<&str>) -> String {
     let flag = if kept { 'k' } else { 'r' };
     format!("{epoch}:{flag}:{}", advertised.unwrap_or_default())
@@ -49,6 +50,7 @@ pub(crate) fn values_text(epoch: i64, kept: bool, advertised: Option<&str>) -> S
 /// [`values_text`] read back for the tenure at `epoch`: its advertised
 /// value and whether it is kept. Another tenure's values, or a value that
 /// does not parse (written by hand), are none.
+#[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) fn parse_values(v: &str, epoch: i64) -> (Option<String>, bool) {
     let mut parts = v.splitn(3, ':');
     let (Some(e), Some(flag), Some(text)) = (parts.next(), parts.next(), parts.next()) else {
@@ -194,6 +196,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(feature = "etcd")]
     fn values_are_the_tenures_own() {
         assert_eq!(
             parse_values(&values_text(7, false, Some("10.0.0.1:80")), 7),

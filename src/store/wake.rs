@@ -46,6 +46,10 @@ pub trait Wakeups {
 }
 
 /// The subscription of whichever store pushes.
+// One subscription is made per run and moved a handful of times: sizes do
+// not matter (a build with ZooKeeper alone beside the embedded store would
+// otherwise be told to box it).
+#[allow(clippy::large_enum_variant)]
 pub enum Subscription {
     // Boxed: its listener is large, and only one subscription is made per run.
     #[cfg(feature = "postgres")]
