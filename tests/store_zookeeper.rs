@@ -322,10 +322,13 @@ const WOKEN: &str = "the lease was released; trying now";
 /// node goes: on a release (the holder's exit), and on an expiry (the
 /// holder killed with its watchdog, so nothing releases: the ensemble
 /// deletes the node when the session times out, L = 3 s after the last
-/// renewal, plus a tick). The waiters poll every 60 s, and a waiter's own
-/// schedule by the store (ZooKeeper can only say "at most L left") comes up
-/// to L after its last look: leading within a fraction of a second of the
-/// node's end, with the wake-up logged, is the watch.
+/// renewal, plus a tick). The waiters poll every 60 s. On the release, the
+/// waiter's own schedule by the store is up to L away: leading within a
+/// fraction of a second, with the wake-up logged, is the watch. On the
+/// expiry, the waiter's schedule (the node's `mtime` plus L, then looks
+/// 10, 20, 40 ms apart) lands within a tick of the end too, so either may
+/// win the race and the test holds only the promise: a lead within a
+/// fraction of a second of the node's end.
 #[test]
 fn a_waiter_is_woken_by_the_watch_on_release_and_on_expiry() {
     let z = Zk::start();
@@ -353,10 +356,13 @@ fn a_waiter_is_woken_by_the_watch_on_release_and_on_expiry() {
 
     let (c, clog) = waiter(&url, &dir, "c");
     let mut zk = Client::connect(z.port(), None);
+    let b_node = zk.get("/leaderrun/w/lease");
+    assert!(b_node.is_some());
     let killed = Instant::now();
     kill_holder_and_watchdog(&mut b);
+    // Gone, or already C's: C may lead within a poll of this loop.
     wait_for("the ensemble to expire B's session", 10 * SEC, || {
-        zk.get("/leaderrun/w/lease").is_none()
+        zk.get("/leaderrun/w/lease") != b_node
     });
     let (deleted, gone) = (Instant::now(), killed.elapsed());
     wait_file(&dir.file("c.pid"), 10 * SEC);
@@ -370,7 +376,6 @@ fn a_waiter_is_woken_by_the_watch_on_release_and_on_expiry() {
     // L - R after the kill.
     assert!(gone < 3 * SEC + 500 * MS, "{gone:?}");
     assert!(gone > 2 * SEC - 200 * MS, "{gone:?}: expired early");
-    assert!(log_has(&clog, WOKEN), "{}", read(&clog));
     assert!(after_expiry < 500 * MS, "{after_expiry:?}: {}", read(&clog));
     assert_eq!(read(&dir.file("c.epoch")).trim(), "3");
     let mut c = c;
