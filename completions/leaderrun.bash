@@ -59,7 +59,7 @@ _leaderrun() {
 
     case "${cmd}" in
         leaderrun)
-            opts="-s -v -q -n -h -V --store --verbose --quiet --log-format --name --lease --renew --give-up --kill-after --wait --timeout --retry --min-hold --max-term --once-per --retry-failed --no-push --holder --advertise --conflict-exit-code --metrics-file --help --version status release check watch init help"
+            opts="-s -v -q -n -h -V --store --verbose --quiet --log-format --name --lease --renew --give-up --kill-after --wait --timeout --retry --min-hold --max-term --once-per --retry-failed --no-push --holder --advertise --slots --conflict-exit-code --metrics-file --help --version status release check watch init help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -129,6 +129,10 @@ _leaderrun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --slots)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --conflict-exit-code)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -145,7 +149,7 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__check)
-            opts="-n -e -s -v -q -h --name --epoch --store --verbose --quiet --log-format --help"
+            opts="-n -e -s -v -q -h --name --epoch --slot --store --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -164,6 +168,10 @@ _leaderrun() {
                     return 0
                     ;;
                 -e)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slot)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -311,7 +319,7 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__release)
-            opts="-n -e -s -v -q -h --name --epoch --holder --store --verbose --quiet --log-format --help"
+            opts="-n -e -s -v -q -h --name --slot --epoch --holder --store --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -322,6 +330,10 @@ _leaderrun() {
                     return 0
                     ;;
                 -n)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slot)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_leaderrun_global_optspecs
-    string join \n s/store= v/verbose q/quiet log-format= n/name= lease= renew= give-up= kill-after= wait timeout= retry= min-hold= max-term= once-per= retry-failed no-push holder= advertise= conflict-exit-code= metrics-file= h/help V/version
+    string join \n s/store= v/verbose q/quiet log-format= n/name= lease= renew= give-up= kill-after= wait timeout= retry= min-hold= max-term= once-per= retry-failed no-push holder= advertise= slots= conflict-exit-code= metrics-file= h/help V/version
 end
 
 function __fish_leaderrun_needs_command
@@ -39,6 +39,7 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -l max-term -d 'Step d
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l once-per -d 'Run at most once per firing of a schedule (cron): skip, like a held lease, when a run of this name started less than DUR/2 ago by the store\'s clock (2s to 365d; on etcd a whole even number of seconds, at least 4s)' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l holder -d 'Holder id [default: <hostname>:<pid>:<random>]; must be unique per process' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l advertise -d 'Store this text with the lease while it is held (an address, a URL): `status` and `watch` show it to anyone who may read the store; at most 256 bytes, no control characters' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l slots -d 'Let up to N holders run at once, each in a slot of its own with its own epoch (LEASE_SLOT, 0 to N-1); every contender for the name must give the same N [default: 1]' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l conflict-exit-code -d 'Exit status when the lease is held elsewhere' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l metrics-file -d 'Write Prometheus metrics to this file (atomically replaced)' -r -F
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s v -l verbose -d 'More output: -v lifecycle (acquired, released), -vv every renewal'
@@ -63,6 +64,7 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s v -l verb
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s q -l quiet -d 'Only errors'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s n -l name -d 'The lease to clear (never taken from LEADERRUN_NAME: clearing is deliberate)' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l slot -d 'Only this slot of the name (`--slots`; what `status` showed as NAME#SLOT) [default: 0]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s e -l epoch -d 'Only if the lease is still at this epoch (what `status` showed)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -l holder -d 'Only if this holder holds it (a unit\'s ExecStopPost naming its own run\'s --holder)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379...] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
@@ -73,6 +75,7 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s q -l qui
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s n -l name -d 'The lease (leaderrun sets LEASE_NAME for the command it runs)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s e -l epoch -d 'The epoch it must be live at (leaderrun sets LEASE_EPOCH likewise)' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -l slot -d 'The slot, under --slots (leaderrun sets LEASE_SLOT likewise) [default: 0]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -s s -l store -d 'Store URL: postgres://user:pass@host/db, mysql://user:pass@host/db, redis://:pass@host:6379/0, etcd://host:2379[,host:2379...] (rediss://, etcds:// for TLS) or sqlite:///ABS/PATH [default: DATABASE_URL, then the embedded single-host store; empty: the embedded store]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand check" -l log-format -d 'Log line format on stderr' -r -f -a "text\t'One line of text per event'
 json\t'One JSON object per event'"

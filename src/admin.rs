@@ -28,8 +28,8 @@ pub async fn run(cmd: Admin, common: Common) -> Result<Exit, Error> {
     }
     // Inside a command, `check` asks the leaderrun that runs it, which
     // knows its own store (published.rs).
-    if let Admin::Check { name, epoch } = &cmd {
-        if let Some(exit) = check_with_holder(name, *epoch, &common)? {
+    if let Admin::Check { name, epoch, slot } = &cmd {
+        if let Some(exit) = check_with_holder(name, *slot, *epoch, &common)? {
             return Ok(exit);
         }
     }
@@ -76,7 +76,7 @@ pub async fn run(cmd: Admin, common: Common) -> Result<Exit, Error> {
     match cmd {
         Admin::Status { name, json } => {
             let leases = match &name {
-                Some(n) => store.inspect(n, CALL).await?.into_iter().collect(),
+                Some(n) => store.inspect_slots(n, CALL).await?,
                 None => store.list(CALL).await?,
             };
             // What a failover can lose is worth a line, not a failed
@@ -90,10 +90,11 @@ pub async fn run(cmd: Admin, common: Common) -> Result<Exit, Error> {
         }
         Admin::Release {
             name,
+            slot,
             epoch,
             holder,
-        } => release(&mut store, &name, epoch, holder.as_deref()).await,
-        Admin::Check { name, epoch } => check(&mut store, &name, epoch).await,
+        } => release(&mut store, &lease(&name, slot), epoch, holder.as_deref()).await,
+        Admin::Check { name, epoch, slot } => check(&mut store, &lease(&name, slot), epoch).await,
         Admin::Watch { name, json, .. } => {
             crate::watch::run(&mut store, name, json, interval).await
         }
@@ -152,13 +153,15 @@ fn answer(cmd: Admin, leases: Vec<LeaseInfo>, shown: &str) -> Result<Exit, Error
         Admin::Status { name, json } => status(leases, &[], name, json, None),
         Admin::Release {
             name,
+            slot,
             epoch,
             holder,
         } => {
-            not_released(&name, epoch, holder.as_deref());
+            not_released(&lease(&name, slot), epoch, holder.as_deref());
             Ok(Exit::No)
         }
-        Admin::Check { name, epoch } => {
+        Admin::Check { name, epoch, slot } => {
+            let name = lease(&name, slot);
             tracing::warn!(
                 event = "check_failed",
                 epoch,
@@ -170,6 +173,11 @@ fn answer(cmd: Admin, leases: Vec<LeaseInfo>, shown: &str) -> Result<Exit, Error
         // Not reached: a watcher may create the embedded default (above).
         Admin::Watch { .. } => Ok(Exit::Yes),
     }
+}
+
+/// The lease `release` and `check` act on: the name, or one of its slots.
+fn lease(name: &str, slot: Option<u32>) -> String {
+    crate::names::slot_name(name, slot.unwrap_or(0))
 }
 
 /// `watch --retry`, with the run form's default and lower bound.
@@ -208,7 +216,14 @@ fn status(
             .collect();
         // `--name`: the lease's object, or null; otherwise an array.
         let text = match &name {
-            Some(_) => serde_json::to_string(&objs.first()),
+            Some(_) => {
+                let mut objs = objs.into_iter();
+                let first = objs.next().map(|mut o| {
+                    o.other_slots = objs.collect();
+                    o
+                });
+                serde_json::to_string(&first)
+            }
             None => serde_json::to_string(&objs),
         };
         crate::outln!("{}", text.map_err(Error::Output)?);
@@ -332,6 +347,8 @@ fn last_run(r: &RunRecord, l: &LeaseInfo) -> String {
 /// replication fields are there only when the store was asked.
 #[derive(serde::Serialize)]
 struct LeaseJson<'a> {
+    /// The lease's name as runs give it (a slot's lease `NAME#i` is `NAME`
+    /// here, with `slot` i).
     name: &'a str,
     holder: Option<&'a str>,
     epoch: i64,
@@ -341,11 +358,19 @@ struct LeaseJson<'a> {
     kept: bool,
     /// The holder's `--advertise` value, `null` when none.
     advertised: Option<&'a str>,
+    /// The slot (`--slots`): 0 for the lease `NAME` itself.
+    slot: u32,
+    /// The N this tenure was taken with: 1 for a plain run, or free.
+    slots: u32,
     #[serde(flatten)]
     replication: Option<ReplicationJson<'a>>,
     /// The last `--once-per` run, where the store keeps one for this name.
     #[serde(skip_serializing_if = "Option::is_none")]
     last_run: Option<RunJson<'a>>,
+    /// With `--name`: the name's slots above 0, where a `--slots` run made
+    /// any (the object itself is slot 0).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    other_slots: Vec<LeaseJson<'a>>,
 }
 
 /// A run record in `status --json`: times by the store's clock; `ended_*`
@@ -375,8 +400,15 @@ struct ReplicationJson<'a> {
 
 impl<'a> LeaseJson<'a> {
     fn new(l: &'a LeaseInfo, repl: Option<&'a Replication>) -> LeaseJson<'a> {
+        let (name, slot) = crate::names::split_slot(&l.name);
         LeaseJson {
-            name: &l.name,
+            name,
+            slot,
+            slots: if l.holder.is_some() {
+                l.slots_of_tenure()
+            } else {
+                1
+            },
             holder: l.holder.as_deref(),
             epoch: l.epoch,
             live: l.is_live(),
@@ -388,6 +420,7 @@ impl<'a> LeaseJson<'a> {
                 failover_can_lose_acquisition: r.can_lose_acknowledged,
             }),
             last_run: None,
+            other_slots: Vec::new(),
         }
     }
 
@@ -464,7 +497,12 @@ fn not_released(name: &str, epoch: Option<i64>, holder: Option<&str>) {
 /// `None` when it is not the one to ask. It is, when leaderrun published
 /// its lease for this process (`LEASE_STATE`), the lease asked about is
 /// that one, and no `--store` on the command line names a store to read.
-fn check_with_holder(name: &str, epoch: i64, common: &Common) -> Result<Option<Exit>, Error> {
+fn check_with_holder(
+    name: &str,
+    slot: Option<u32>,
+    epoch: i64,
+    common: &Common,
+) -> Result<Option<Exit>, Error> {
     use crate::published::{answer, read, Answer, ReadError, VAR};
     let Some(path) = std::env::var(VAR).ok().filter(|p| !p.is_empty()) else {
         return Ok(None);
@@ -473,8 +511,10 @@ fn check_with_holder(name: &str, epoch: i64, common: &Common) -> Result<Option<E
         return Ok(None);
     }
     let own = std::env::var("LEASE_NAME").is_ok_and(|n| n == name);
+    // The holder publishes the lease it took: under --slots, its slot's.
+    let name = &lease(name, slot);
     let record = match read(&path) {
-        Ok(r) if r.name == name => r,
+        Ok(r) if r.name == *name => r,
         // Another lease than the one this command runs under: a store's.
         Ok(_) => return Ok(None),
         Err(_) if !own => return Ok(None),
@@ -549,12 +589,13 @@ mod tests {
             expires_in_ms: Some(1500),
             advertised: Some("10.0.0.7:8080".into()),
             kept: false,
+            slots: None,
         };
         let repl = Replication::unknown("not known (x)");
         let j = serde_json::to_string(&LeaseJson::new(&l, Some(&repl))).unwrap();
         assert_eq!(
             j,
-            r#"{"name":"n","holder":"h\"\\\n\u0001é","epoch":-3,"live":true,"expires_in_ms":1500,"kept":false,"advertised":"10.0.0.7:8080","replication":"not known (x)","failover_can_lose_acquisition":null}"#
+            r#"{"name":"n","holder":"h\"\\\n\u0001é","epoch":-3,"live":true,"expires_in_ms":1500,"kept":false,"advertised":"10.0.0.7:8080","slot":0,"slots":1,"replication":"not known (x)","failover_can_lose_acquisition":null}"#
         );
     }
 
@@ -576,7 +617,7 @@ mod tests {
         let j = serde_json::to_string(&LeaseJson::new(&info(None, None), None)).unwrap();
         assert_eq!(
             j,
-            r#"{"name":"n","holder":null,"epoch":3,"live":false,"expires_in_ms":null,"kept":false,"advertised":null}"#
+            r#"{"name":"n","holder":null,"epoch":3,"live":false,"expires_in_ms":null,"kept":false,"advertised":null,"slot":0,"slots":1}"#
         );
         assert_eq!(state(&info(None, Some(-1500))), "free since 1.5s ago");
         // In JSON a free lease has no expiry on any store, whether or not

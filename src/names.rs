@@ -98,6 +98,71 @@ pub fn parse_advertise(s: &str) -> Result<String, AdvertiseError> {
     Ok(s.to_string())
 }
 
+/// The most holders `--slots` allows for one name. Each slot is a lease of
+/// its own, and a contender tries them in turn and reads them all when it
+/// has taken one (to find contenders that disagree on N): 64 round trips is
+/// where a poll stops being cheap, and far above any use seen (`consul lock
+/// -n` users run 2 to 10).
+pub const MAX_SLOTS: u32 = 64;
+
+/// `--slots N`: 1 to [`MAX_SLOTS`].
+pub fn parse_slots(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if (1..=MAX_SLOTS).contains(&n) => Ok(n),
+        Ok(n) => Err(format!("{n} is out of range: 1 to {MAX_SLOTS}")),
+        Err(_) => Err(format!("not a whole number from 1 to {MAX_SLOTS}")),
+    }
+}
+
+/// A slot number (`release --slot`, `check`'s `LEASE_SLOT`): 0 to
+/// [`MAX_SLOTS`] - 1.
+pub fn parse_slot(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(i) if i < MAX_SLOTS => Ok(i),
+        Ok(i) => Err(format!("{i} is out of range: 0 to {}", MAX_SLOTS - 1)),
+        Err(_) => Err(format!("not a whole number from 0 to {}", MAX_SLOTS - 1)),
+    }
+}
+
+/// The lease that is slot `slot` of `name`: slot 0 is the lease `name`
+/// itself (so `--slots 1`, and slot 0 of any N, is the lease a plain run
+/// takes), slot `i` the lease `name#i`. Names cannot contain `#`, so no
+/// user's name is a slot of another's.
+pub fn slot_name(name: &str, slot: u32) -> String {
+    if slot == 0 {
+        name.to_string()
+    } else {
+        format!("{name}#{slot}")
+    }
+}
+
+/// Which slot of `name` the lease `lease` is, if any (the inverse of
+/// [`slot_name`]).
+pub fn slot_of(lease: &str, name: &str) -> Option<u32> {
+    match lease.strip_prefix(name)? {
+        "" => Some(0),
+        rest => {
+            let n = rest.strip_prefix('#')?;
+            // Written by slot_name only: no sign, no leading zero.
+            if n.starts_with(['0', '+']) {
+                return None;
+            }
+            n.parse::<u32>().ok().filter(|&i| i > 0)
+        }
+    }
+}
+
+/// The lease name and slot a stored lease name stands for: `job#2` is slot 2
+/// of `job`; any other name is slot 0 of itself.
+pub fn split_slot(lease: &str) -> (&str, u32) {
+    if let Some((name, _)) = lease.rsplit_once('#') {
+        if let Some(i) = slot_of(lease, name) {
+            return (name, i);
+        }
+    }
+    (lease, 0)
+}
+
 /// Text from a store or a file, safe to print on a terminal: control
 /// characters, and the invisible marks that reorder or hide text (a
 /// right-to-left override can make a table lie), are shown escaped as
@@ -217,6 +282,32 @@ mod tests {
         assert_eq!(display_width("äö"), 2);
         assert_eq!(display_width("e\u{301}"), 1);
         assert_eq!(display_width("主机"), 4);
+    }
+
+    #[test]
+    fn slots_are_leases_of_their_own() {
+        assert_eq!(parse_slots("1"), Ok(1));
+        assert_eq!(parse_slots("64"), Ok(MAX_SLOTS));
+        for bad in ["0", "65", "-1", "two", "", "1.5"] {
+            assert!(parse_slots(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(parse_slots("0").unwrap_err(), "0 is out of range: 1 to 64");
+        assert_eq!(parse_slot("0"), Ok(0));
+        assert_eq!(parse_slot("63"), Ok(63));
+        assert!(parse_slot("64").is_err() && parse_slot("-1").is_err());
+        assert_eq!(slot_name("job", 0), "job");
+        assert_eq!(slot_name("job", 3), "job#3");
+        for i in [0, 1, 9, 10, 63] {
+            assert_eq!(slot_of(&slot_name("job", i), "job"), Some(i));
+            assert_eq!(split_slot(&slot_name("job", i)), ("job", i));
+        }
+        for other in [
+            "jobs", "job#", "job#0", "job#01", "job#+1", "job#x", "jo", "job#1#2",
+        ] {
+            assert_eq!(slot_of(other, "job"), None, "{other}");
+        }
+        assert_eq!(split_slot("job#01"), ("job#01", 0));
+        assert_eq!(split_slot("other"), ("other", 0));
     }
 
     #[test]

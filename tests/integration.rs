@@ -34,6 +34,7 @@ mod pgbouncer;
 mod polish;
 mod races;
 mod run_cli;
+mod slots;
 mod stops;
 mod store_etcd;
 mod store_mysql;

@@ -105,6 +105,11 @@ pub const MAN_SECTIONS: &[(&str, &[Block])] = &[
                  without them or --name and --epoch",
             ),
             Block::Item(
+                "`LEASE_SLOT`",
+                "set for the command under --slots: its slot, 0 to N-1 (LEASE_EPOCH is that \
+                 slot's own epoch); `leaderrun check` reads it as it reads LEASE_EPOCH",
+            ),
+            Block::Item(
                 "`LEASE_STATE`",
                 "set for the command: where the run publishes its lease (/proc/PID/fd/N, no \
                  secret in it), so that `leaderrun check` inside the command asks the run, \

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
-use crate::names::{parse_advertise, parse_holder, parse_name};
+use crate::names::{parse_advertise, parse_holder, parse_name, parse_slot, parse_slots};
 
 use crate::duration::DurationArg;
 use crate::logging::{self, LogFormat};
@@ -177,6 +177,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "TEXT", value_parser = parse_advertise)]
     pub advertise: Option<String>,
 
+    /// Let up to N holders run at once, each in a slot of its own with its own epoch
+    /// (LEASE_SLOT, 0 to N-1); every contender for the name must give the same N [default: 1]
+    #[arg(long, value_name = "N", value_parser = parse_slots)]
+    pub slots: Option<u32>,
+
     /// Exit status when the lease is held elsewhere
     #[arg(long, value_name = "N", default_value_t = 0, allow_hyphen_values = true, value_parser = exit_code)]
     pub conflict_exit_code: u8,
@@ -206,6 +211,9 @@ pub enum Admin {
         /// The lease to clear (never taken from LEADERRUN_NAME: clearing is deliberate)
         #[arg(short, long, value_parser = parse_name)]
         name: String,
+        /// Only this slot of the name (`--slots`; what `status` showed as NAME#SLOT) [default: 0]
+        #[arg(long, value_name = "SLOT", value_parser = parse_slot)]
+        slot: Option<u32>,
         /// Only if the lease is still at this epoch (what `status` showed)
         #[arg(short, long, allow_negative_numbers = true)]
         epoch: Option<i64>,
@@ -227,6 +235,9 @@ pub enum Admin {
             allow_negative_numbers = true
         )]
         epoch: i64,
+        /// The slot, under --slots (leaderrun sets LEASE_SLOT likewise) [default: 0]
+        #[arg(long, value_name = "SLOT", env = "LEASE_SLOT", hide_env_values = true, value_parser = parse_slot)]
+        slot: Option<u32>,
     },
     /// Print who holds the lease(s) now, then one line per change (acquired, released, expired) until interrupted
     Watch {

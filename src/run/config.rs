@@ -37,6 +37,8 @@ pub struct Job {
     pub once_per: Option<(DurationArg, Period)>,
     /// `--advertise`: stored with the lease while it is held.
     pub advertise: Option<String>,
+    /// `--slots`, where given: up to N holders, each in a slot of its own.
+    pub slots: Option<u32>,
     /// Use the store's push wake-ups while waiting (not `--no-push`).
     pub push: bool,
     pub conflict_exit_code: i32,
@@ -129,6 +131,19 @@ impl RunConfig {
                 store.kind()
             )));
         }
+        if run.slots.is_some_and(|n| n > 1) {
+            if once_per.is_some() {
+                return Err(usage(
+                    "--slots with --once-per: a period has one run, not one per slot",
+                ));
+            }
+            if !store.slots() {
+                return Err(usage(format!(
+                    "--slots is not supported on the {} store yet",
+                    store.kind()
+                )));
+            }
+        }
         if run.command.first().is_none_or(|c| c.is_empty()) {
             return Err(usage("the command after -- must not be empty"));
         }
@@ -145,6 +160,7 @@ impl RunConfig {
             max_term,
             once_per,
             advertise: run.advertise,
+            slots: run.slots,
             push: !run.no_push,
             conflict_exit_code: i32::from(run.conflict_exit_code),
             command: run.command,

@@ -93,7 +93,7 @@ impl Run {
             event = "lost",
             epoch = lease.epoch,
             "lost lease {}: {}; stopping the command",
-            self.job.name,
+            self.lease_name(),
             lost.reason
         );
         self.report.borrow_mut().lost();
@@ -156,7 +156,7 @@ impl Run {
         child: &mut supervisor::Child,
         signals: &mut UnboundedReceiver<nix::sys::signal::Signal>,
     ) -> Exit {
-        let name = self.job.name.clone();
+        let name = self.lease_name();
         let term = self.job.max_term.unwrap_or_default();
         tracing::info!(
             event = "max_term",

@@ -104,7 +104,8 @@ impl Run {
         let orders = Orders {
             store: self.job.store_arg.clone(),
             origin: self.job.store_origin,
-            name: self.job.name.clone(),
+            // The slot's own lease under --slots: the one to hand back.
+            name: self.lease_name(),
             holder: self.job.holder.clone(),
             epoch: lease.epoch,
             timing: self.job.timing,

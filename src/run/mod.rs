@@ -173,6 +173,9 @@ impl Run {
         if let Some(value) = &job.advertise {
             lock.advertise(value.clone());
         }
+        if let Some(n) = job.slots {
+            lock.slots(n);
+        }
         let wakeups = if job.push { lock.wakeups() } else { None };
         let extends = lock.capabilities().failover_extends_lease;
         let mut elector = Elector::new(lock, clock, job.timing);
@@ -254,12 +257,19 @@ impl Run {
         }
     }
 
+    /// The lease this run took: its name, or under `--slots` the slot's
+    /// own lease (`NAME#i`), which the watchdog hands back, the command's
+    /// `check` reads and the messages name.
+    fn lease_name(&self) -> String {
+        self.elector.lock.lease_name().to_string()
+    }
+
     fn acquired(&self, lease: &Lease) {
         tracing::info!(
             event = "acquired",
             epoch = lease.epoch,
             "acquired lease {}",
-            self.job.name
+            self.lease_name()
         );
         self.report.borrow_mut().acquired(lease.epoch);
         logging::set_epoch(lease.epoch);
@@ -274,12 +284,17 @@ impl Run {
         file: &std::path::Path,
         hup_ignored: bool,
     ) -> Result<Option<supervisor::Child>, Error> {
-        let name = &self.job.name;
+        let name = &self.lease_name();
         let mut env = vec![
             ("LEASE_EPOCH", lease.epoch.to_string()),
-            ("LEASE_NAME", name.clone()),
+            ("LEASE_NAME", self.job.name.clone()),
             ("LEASE_HOLDER", self.job.holder.clone()),
         ];
+        // Under --slots: which slot, whose epoch LEASE_EPOCH is.
+        if self.job.slots.is_some() {
+            let slot = self.elector.lock.slot().unwrap_or(0);
+            env.push(("LEASE_SLOT", slot.to_string()));
+        }
         // What `leaderrun check` inside the command asks: this run, not a
         // store the command's environment may or may not name.
         let published = Publisher::new(

@@ -20,9 +20,18 @@ pub struct LeaseInfo {
     /// released the lease with a keep): only `--min-hold` still holds it.
     /// `false` where the store or its table cannot record it.
     pub kept: bool,
+    /// The holder's `--slots` N, where it gave one above 1 (this tenure's,
+    /// tied to its epoch like `advertised`); `None`: a plain run (N = 1),
+    /// or a store that keeps no such value.
+    pub slots: Option<u32>,
 }
 
 impl LeaseInfo {
+    /// The N this tenure was taken with: 1 for a plain run.
+    pub fn slots_of_tenure(&self) -> u32 {
+        self.slots.unwrap_or(1)
+    }
+
     pub fn is_live(&self) -> bool {
         self.holder.is_some() && self.expires_in_ms.is_some_and(|ms| ms > 0)
     }

@@ -72,6 +72,7 @@ pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod session;
+mod slots;
 mod sql;
 pub mod sqlite;
 mod target;
@@ -209,6 +210,17 @@ pub struct LeaseKey {
     /// `--advertise`: stored with each grant this key takes, for that
     /// tenure only, and shown by `status` and `watch`.
     pub advertise: Option<String>,
+    /// `--slots` N (1 for a plain run): stored with each grant above 1, so
+    /// that contenders that disagree on N find out from the store.
+    pub slots: u32,
+}
+
+impl LeaseKey {
+    /// N as the stores keep it: `None` for a plain run, whose rows stay as
+    /// they were before `--slots`.
+    pub fn slots_value(&self) -> Option<u32> {
+        Some(self.slots).filter(|&n| n > 1)
+    }
 }
 
 /// What every store implements, once: the lease loop's calls for a key,
@@ -243,6 +255,14 @@ pub(crate) trait Backend {
     /// by `acquire` from [`LeaseKey::advertise`], read by `inspect` and
     /// `list`). The run form refuses the flag on a store that does not.
     fn advertises(&self) -> bool {
+        false
+    }
+
+    /// Whether the store keeps `--slots`' N with each grant (written by
+    /// `acquire` from [`LeaseKey::slots`], read by `inspect` and `list`),
+    /// which contenders need to find that they disagree on N. The run form
+    /// refuses `--slots` above 1 on a store that does not.
+    fn slots(&self) -> bool {
         false
     }
 
@@ -386,6 +406,11 @@ impl Store {
         each!(self, b => b.advertises())
     }
 
+    /// Whether the store keeps `--slots`' N with each grant.
+    pub fn slots(&self) -> bool {
+        each!(self, b => b.slots())
+    }
+
     /// The kind of store, as the refusal of a flag it lacks names it.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -448,12 +473,17 @@ impl Store {
 
     /// The lock on lease `name` for `holder`: what the lease loop uses.
     pub fn lock(self, name: impl Into<String>, holder: impl Into<String>) -> Lock {
+        let name = name.into();
         Lock {
             store: self,
+            name: name.clone(),
+            slotted: false,
+            slot: None,
             key: LeaseKey {
-                name: name.into(),
+                name,
                 holder: holder.into(),
                 advertise: None,
+                slots: 1,
             },
             period: None,
             ending: None,
@@ -520,7 +550,16 @@ pub trait LeaseLock {
 /// lives in its backend, which the lock owns.
 pub struct Lock {
     store: Store,
+    /// The lease name the run was given.
+    name: String,
+    /// The key of the lease this lock takes: under `--slots`, the name is
+    /// the slot's own lease (slots.rs).
     key: LeaseKey,
+    /// `--slots` was given (even 1): takes go through slots.rs, which
+    /// checks that every live slot of the name agrees on N.
+    slotted: bool,
+    /// The slot last taken (`--slots`).
+    slot: Option<u32>,
     /// `--once-per`'s rule: acquires then take the period too.
     period: Option<Period>,
     /// How the run ended, written with the release (`--once-per` only).
@@ -540,9 +579,10 @@ impl Lock {
         self.store.capabilities()
     }
 
-    /// A subscription to "this lease was freed", where the store pushes.
+    /// A subscription to "this lease was freed" (any of its slots), where
+    /// the store pushes.
     pub fn wakeups(&self) -> Option<Subscription> {
-        self.store.wakeups(&self.key.name)
+        self.store.wakeups(&self.name)
     }
 
     /// Store `value` with every grant this lock takes (`--advertise`). The
@@ -556,6 +596,28 @@ impl Lock {
     /// has checked that the store keeps the rule.
     pub fn once_per(&mut self, period: Period) {
         self.period = Some(period);
+    }
+}
+
+impl Lock {
+    /// One acquire of the lease `key` names (a slot's, under `--slots`).
+    async fn take_one(
+        &mut self,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Acquired, StoreError> {
+        let key = &self.key;
+        match self.period {
+            Some(period) => {
+                each!(&mut self.store, b => b.acquire_once(key, lease, period, timeout).await)
+            }
+            None => Ok(
+                match each!(&mut self.store, b => b.acquire(key, lease, timeout).await)? {
+                    Some(epoch) => Acquired::Taken(epoch),
+                    None => Acquired::Held,
+                },
+            ),
+        }
     }
 }
 
@@ -575,18 +637,10 @@ impl LeaseLock for Lock {
     }
 
     async fn take(&mut self, lease: Duration, timeout: Duration) -> Result<Acquired, StoreError> {
-        let key = &self.key;
-        match self.period {
-            Some(period) => {
-                each!(&mut self.store, b => b.acquire_once(key, lease, period, timeout).await)
-            }
-            None => Ok(
-                match each!(&mut self.store, b => b.acquire(key, lease, timeout).await)? {
-                    Some(epoch) => Acquired::Taken(epoch),
-                    None => Acquired::Held,
-                },
-            ),
+        if self.slotted {
+            return self.take_slot(lease, timeout).await;
         }
+        self.take_one(lease, timeout).await
     }
 
     async fn renew(
@@ -615,6 +669,9 @@ impl LeaseLock for Lock {
     }
 
     async fn inspect(&mut self, timeout: Duration) -> Result<Option<LeaseInfo>, StoreError> {
+        if self.slotted {
+            return self.inspect_slots(timeout).await;
+        }
         self.store.inspect(&self.key.name, timeout).await
     }
 

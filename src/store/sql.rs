@@ -180,7 +180,7 @@ pub(crate) fn millis(d: Duration) -> i64 {
 /// A `LeaseInfo` from a row whose first four columns are name, holder,
 /// epoch and milliseconds to expiry (each store's `COLUMNS`), followed by
 /// the table's own columns (`*`): of those, the lease's values (`advertised`
-/// with `advertised_epoch`, and `kept_epoch`: each tied to the epoch it was
+/// and `slots` with `advertised_epoch`, and `kept_epoch`: each tied to the epoch it was
 /// written at) are read by name where the table has them. A table made before them (which keeps
 /// working for every run without `--advertise`) has none, and a value
 /// written by hand that does not decode is no value: `status` must list
@@ -203,6 +203,12 @@ where
         }
         _ => None,
     };
+    let slots = match at("advertised_epoch") {
+        Some(e) if e == epoch && holder.is_some() => at("slots")
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|&n| n > 1),
+        _ => None,
+    };
     let kept = holder.is_some() && at("kept_epoch") == Some(epoch);
     Ok(LeaseInfo {
         name: r.try_get(0)?,
@@ -211,6 +217,7 @@ where
         expires_in_ms: Some(r.try_get(3)?),
         advertised,
         kept,
+        slots,
     })
 }
 

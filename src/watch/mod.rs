@@ -171,6 +171,8 @@ struct Line<'a> {
     /// `state` (the first lines), `acquired`, `released`, `expired` or
     /// `unseen`.
     event: &'static str,
+    /// The lease's name as runs give it; a slot's lease `NAME#i` is `NAME`
+    /// here, with `slot` i (the text lines say `NAME#i`).
     name: &'a str,
     /// The holder now (`state`, `acquired`), or the one whose tenure ended.
     holder: Option<&'a str>,
@@ -191,6 +193,8 @@ struct Line<'a> {
     /// For `state` and `acquired`: the holder's `--advertise` value.
     #[serde(skip_serializing_if = "Option::is_none")]
     advertised: Option<&'a str>,
+    /// The slot (`--slots`): 0 for the lease `NAME` itself.
+    slot: u32,
 }
 
 /// The lines for one read: `state` lines the first time, changes after.
@@ -202,10 +206,12 @@ impl Printer {
     fn state(&self, name: &str, l: Option<&LeaseInfo>) -> String {
         let time = now_text();
         if self.json {
+            let (name, slot) = crate::names::split_slot(name);
             return self.json_line(Line {
                 time,
                 event: "state",
                 name,
+                slot,
                 holder: l.and_then(|l| l.holder.as_deref()),
                 epoch: l.map(|l| l.epoch),
                 previous_epoch: None,
@@ -250,10 +256,12 @@ impl Printer {
             Change::Unseen { first, last } => ("unseen", None, *last, None, Some(*first)),
         };
         if self.json {
+            let (name, slot) = crate::names::split_slot(name);
             return self.json_line(Line {
                 time,
                 event,
                 name,
+                slot,
                 holder,
                 epoch: Some(epoch),
                 previous_epoch,
@@ -424,7 +432,7 @@ async fn read(
     call: Duration,
 ) -> Result<Vec<LeaseInfo>, StoreError> {
     match name {
-        Some(n) => Ok(store.inspect(n, call).await?.into_iter().collect()),
+        Some(n) => store.inspect_slots(n, call).await,
         None => store.list(call).await,
     }
 }

@@ -63,6 +63,7 @@ impl Printer {
                 time: now_text(),
                 event: "run_ended",
                 name: &r.name,
+                slot: 0,
                 holder: r.holder.as_deref(),
                 epoch: Some(r.epoch),
                 previous_epoch: None,

@@ -468,6 +468,7 @@ impl Members {
                     expires_in_ms: Some(left.saturating_add(1).saturating_mul(1000)),
                     advertised,
                     kept,
+                    slots: None,
                 })
             }
             None => counter.map(|epoch| LeaseInfo {

@@ -308,9 +308,11 @@ impl PgStore {
             self.check_sync(timeout).await?;
         }
         let ms = millis(lease);
-        let values = match &key.advertise {
-            Some(a) => taken_values_sql(name, holder, a).map_err(|e| self.s.c.classify(WHAT, e))?,
-            None => String::new(),
+        let values = if key.advertise.is_some() || key.slots > 1 {
+            taken_values_sql(name, holder, key.advertise.as_deref(), key.slots_value())
+                .map_err(|e| self.s.c.classify(WHAT, e))?
+        } else {
+            String::new()
         };
         let ran = self
             .run(timeout, WHAT, true, |cols| {
@@ -401,7 +403,7 @@ impl PgStore {
         const WHAT: &str = "cannot release in";
         let (name, holder) = (key.name.as_str(), key.holder.as_str());
         let ms = millis(keep);
-        let values = if ms > 0 || key.advertise.is_some() {
+        let values = if ms > 0 || key.advertise.is_some() || key.slots > 1 {
             released_values_sql(name, epoch, ms).map_err(|e| self.s.c.classify(WHAT, e))?
         } else {
             String::new()
@@ -422,7 +424,7 @@ impl PgStore {
         }
     }
 
-    /// A `--once-per` or `--advertise` acquire that found the table
+    /// A `--once-per`, `--advertise` or `--slots` acquire that found the table
     /// without the columns it writes (made by an earlier release): add
     /// them, where this login may (the table's owner), and say so; where it
     /// may not, a refusal that names the one statement to run. A run
@@ -440,14 +442,14 @@ impl PgStore {
             Ok(_) => {
                 tracing::info!(
                     event = "store_schema",
-                    "added the missing columns to leader_lease (for --once-per, --advertise)"
+                    "added the missing columns to leader_lease (for --once-per, --advertise, --slots)"
                 );
                 Ok(())
             }
             Err(e) if e.may_heal() => Err(e),
             Err(e) => Err(StoreError::fatal(format!(
                 "{e}: table leader_lease was made by an earlier release and lacks the columns \
-                 --once-per and --advertise keep their values in; run `{UPGRADE_SQL}` as the \
+                 --once-per, --advertise and --slots keep their values in; run `{UPGRADE_SQL}` as the \
                  table's owner (or `leaderrun init` as it)"
             ))),
         }
@@ -470,8 +472,9 @@ impl Backend for PgStore {
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
         let got = match self.acquire_in(key, lease, None, timeout).await {
-            // Only `--advertise` names a column a plain acquire does not.
-            Err(e) if key.advertise.is_some() && lacks_column(&e) => {
+            // Only `--advertise` and `--slots` name columns a plain
+            // acquire does not.
+            Err(e) if (key.advertise.is_some() || key.slots > 1) && lacks_column(&e) => {
                 self.add_run_columns(timeout).await?;
                 self.acquire_in(key, lease, None, timeout).await
             }
@@ -481,6 +484,10 @@ impl Backend for PgStore {
     }
 
     fn advertises(&self) -> bool {
+        true
+    }
+
+    fn slots(&self) -> bool {
         true
     }
 

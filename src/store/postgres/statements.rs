@@ -19,7 +19,8 @@ macro_rules! table_sql {
     run_outcome    text,
     advertised       text,
     advertised_epoch bigint,
-    kept_epoch       bigint
+    kept_epoch       bigint,
+    slots            bigint
 )"
     };
 }
@@ -29,7 +30,7 @@ macro_rules! table_sql {
 /// the lease's values, the values `sql::lease_info` reads) up to date, in one statement;
 /// idempotent. Needs the table's owner (ALTER); a role with only SELECT,
 /// INSERT, UPDATE keeps working without it for every run but a
-/// `--once-per` or `--advertise` one (see [`Columns`]), which names this
+/// `--once-per`, `--advertise` or `--slots` one (see [`Columns`]), which names this
 /// statement.
 macro_rules! upgrade_sql {
     () => {
@@ -41,7 +42,8 @@ ADD COLUMN IF NOT EXISTS run_epoch bigint, \
 ADD COLUMN IF NOT EXISTS run_outcome text, \
 ADD COLUMN IF NOT EXISTS advertised text, \
 ADD COLUMN IF NOT EXISTS advertised_epoch bigint, \
-ADD COLUMN IF NOT EXISTS kept_epoch bigint"
+ADD COLUMN IF NOT EXISTS kept_epoch bigint, \
+ADD COLUMN IF NOT EXISTS slots bigint"
     };
 }
 
@@ -63,8 +65,8 @@ pub(super) const EXISTS_SQL: &str =
 pub(super) const HAS_COLUMNS_SQL: &str = "SELECT count(*)::int8 FROM pg_attribute
     WHERE attrelid = to_regclass('leader_lease') AND NOT attisdropped
       AND attname IN ('timeline', 'run_started_at', 'run_ended_at', 'run_holder', 'run_epoch',
-                      'run_outcome', 'advertised', 'advertised_epoch', 'kept_epoch')";
-pub(super) const UPGRADE_COLUMNS: i64 = 9;
+                      'run_outcome', 'advertised', 'advertised_epoch', 'kept_epoch', 'slots')";
+pub(super) const UPGRADE_COLUMNS: i64 = 10;
 
 /// The server's WAL timeline: the first 8 hex digits of the name of the WAL
 /// file being written. It changes the moment a standby is promoted (the
@@ -359,20 +361,26 @@ macro_rules! columns {
 // frees it. They name columns a table made by an older release lacks: only
 // a run that needs them sends them (`--advertise`, a `--min-hold` keep).
 
-/// After an acquire: the taken tenure's `--advertise` value. It matches
-/// only a row this holder holds, which it does only if the acquire took it
-/// (a holder id is one process's, and a process acquires only when it
-/// holds nothing).
+/// After an acquire: the taken tenure's `--advertise` value and `--slots`
+/// N (each `NULL` when not given). It matches only a row this holder
+/// holds, which it does only if the acquire took it (a holder id is one
+/// process's, and a process acquires only when it holds nothing).
 pub(super) fn taken_values_sql(
     name: &str,
     holder: &str,
-    advertise: &str,
+    advertise: Option<&str>,
+    slots: Option<u32>,
 ) -> Result<String, sqlx::Error> {
+    let advertise = match advertise {
+        Some(a) => text(a)?,
+        None => "NULL".to_string(),
+    };
+    let slots = slots.map_or("NULL".to_string(), |n| n.to_string());
     Ok(format!(
         ";
-     UPDATE leader_lease SET advertised = {}, advertised_epoch = epoch, kept_epoch = NULL
+     UPDATE leader_lease SET advertised = {advertise}, slots = {slots},
+            advertised_epoch = epoch, kept_epoch = NULL
       WHERE name = {} AND holder = {}",
-        text(advertise)?,
         text(name)?,
         text(holder)?
     ))
@@ -391,6 +399,7 @@ pub(super) fn released_values_sql(
      UPDATE leader_lease
         SET kept_epoch = CASE WHEN {keep}::bigint > 0 THEN epoch END,
             advertised = CASE WHEN {keep}::bigint > 0 THEN advertised END,
+            slots = CASE WHEN {keep}::bigint > 0 THEN slots END,
             advertised_epoch = CASE WHEN {keep}::bigint > 0 THEN advertised_epoch END
       WHERE name = {} AND epoch = {epoch}",
         text(name)?

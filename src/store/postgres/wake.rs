@@ -171,7 +171,8 @@ impl Wakeups for PgWakeups {
                 return Err(StoreError::unavailable("not listening"));
             };
             match l.try_recv().await {
-                Ok(Some(n)) if n.payload() == name => return Ok(()),
+                // Any slot of the name (`--slots`; see FileWakeups).
+                Ok(Some(n)) if crate::names::slot_of(n.payload(), name).is_some() => return Ok(()),
                 Ok(Some(_)) => {}
                 // The listener would reconnect by itself on the next
                 // call, silently missing what was sent meanwhile; drop

@@ -432,6 +432,7 @@ pub(super) fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, Sto
                 expires_in_ms: Some(if pttl >= 0 { pttl } else { i64::MAX }),
                 advertised,
                 kept,
+                slots: None,
             })
         }
         // Free (released or expired): the counter still says which epoch

@@ -1008,6 +1008,10 @@ impl Backend for SqliteStore {
         true
     }
 
+    fn slots(&self) -> bool {
+        true
+    }
+
     fn once_per(&self) -> bool {
         true
     }

@@ -22,23 +22,27 @@ pub const TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
     run_outcome      TEXT,
     advertised       TEXT,    -- --advertise, of the tenure at advertised_epoch
     advertised_epoch INTEGER,
-    kept_epoch       INTEGER  -- the tenure whose run ended: only --min-hold keeps it
+    kept_epoch       INTEGER, -- the tenure whose run ended: only --min-hold keeps it
+    slots            INTEGER  -- --slots N above 1, of the tenure at advertised_epoch
 )";
 
 /// The lease's values (`sql::lease_info`) and their types: a lease file
 /// made before them gets them at its next acquire or release by this
 /// release that writes one (values.rs), inside that write's transaction; an
 /// older leaderrun's statements name none of them.
-pub(super) const VALUE_COLUMNS: [(&str, &str); 3] = [
+pub(super) const VALUE_COLUMNS: [(&str, &str); 4] = [
     ("advertised", "TEXT"),
     ("advertised_epoch", "INTEGER"),
     ("kept_epoch", "INTEGER"),
+    ("slots", "INTEGER"),
 ];
 
-// After a take, in the same transaction: this tenure's value (or none), and
-// no end yet. ?1 name, ?2 the `--advertise` value or NULL.
+// After a take, in the same transaction: this tenure's values (or none),
+// and no end yet. ?1 name, ?2 the `--advertise` value or NULL, ?3 `--slots`
+// N or NULL (a plain run).
 pub(super) const TAKEN_VALUES_SQL: &str = "UPDATE leader_lease
-        SET advertised = ?2, advertised_epoch = CASE WHEN ?2 IS NULL THEN NULL ELSE epoch END,
+        SET advertised = ?2, slots = ?3,
+            advertised_epoch = CASE WHEN ?2 IS NULL AND ?3 IS NULL THEN NULL ELSE epoch END,
             kept_epoch = NULL
       WHERE name = ?1";
 
@@ -48,6 +52,7 @@ pub(super) const TAKEN_VALUES_SQL: &str = "UPDATE leader_lease
 pub(super) const RELEASED_VALUES_SQL: &str = "UPDATE leader_lease
         SET kept_epoch = CASE WHEN ?3 > 0 THEN ?2 END,
             advertised = CASE WHEN ?3 > 0 THEN advertised END,
+            slots = CASE WHEN ?3 > 0 THEN slots END,
             advertised_epoch = CASE WHEN ?3 > 0 THEN advertised_epoch END
       WHERE name = ?1 AND CAST(epoch AS INTEGER) = ?2";
 

@@ -1,5 +1,5 @@
-//! The lease's values on the embedded store (`--advertise`, the mark of a
-//! `--min-hold` keep; docs/stores.md, "The lease's values"), written inside
+//! The lease's values on the embedded store (`--advertise`, `--slots`' N,
+//! the mark of a `--min-hold` keep; docs/stores.md, "The lease's values"), written inside
 //! the acquire's or the release's own `BEGIN IMMEDIATE`.
 
 use super::*;
@@ -14,12 +14,14 @@ pub(super) async fn taken_values(
     key: &LeaseKey,
     file: &Path,
 ) -> Result<(), sqlx::Error> {
-    if !value_columns(conn, file, key.advertise.is_some()).await? {
+    let needs = key.advertise.is_some() || key.slots_value().is_some();
+    if !value_columns(conn, file, needs).await? {
         return Ok(());
     }
     sqlx::query(TAKEN_VALUES_SQL)
         .bind(&key.name)
         .bind(key.advertise.as_deref())
+        .bind(key.slots_value().map(i64::from))
         .execute(&mut *conn)
         .await?;
     Ok(())

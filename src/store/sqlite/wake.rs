@@ -108,7 +108,11 @@ impl FileWakeups {
                                 "the wake-up directory watch ended",
                             ));
                         }
-                        if ev.name.as_deref().and_then(|n| n.to_str()) == Some(self.name.as_str()) {
+                        // Any slot of the name (`--slots`): a waiter
+                        // takes whichever is freed. For a plain waiter, a
+                        // slot's release is a wake-up for nothing.
+                        let freed = ev.name.as_deref().and_then(|n| n.to_str());
+                        if freed.is_some_and(|n| crate::names::slot_of(n, &self.name).is_some()) {
                             woken = true;
                         }
                     }

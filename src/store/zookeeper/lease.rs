@@ -623,6 +623,7 @@ impl Conn {
             expires_in_ms,
             advertised,
             kept,
+            slots: None,
         }))
     }
 
