@@ -590,6 +590,95 @@ fn values_are_the_tenures(srv: Server) {
     });
 }
 
+/// `--slots N`: each slot a lease of its own, so of eight racers for two
+/// slots exactly two win, one per slot; a third finds both held; each
+/// slot's epoch rises by one per acquisition of that slot; the store
+/// gives back each grant's N; a contender with another N is refused
+/// (usage, exit 2) and its slot handed back; a plain run on the name meets
+/// slot 0 as the lease it always was.
+fn slots_hold_at_most_n(srv: Server) {
+    use leaderrun::store::ErrorKind;
+    rt().block_on(async {
+        let pooled = |holder: String, n: u32| {
+            let mut l = lock(&srv.url, "pool", &holder);
+            l.slots(n);
+            l
+        };
+        // The table first: looking never creates it.
+        store(&srv.url).init(T).await.expect("init");
+        let mut racers: Vec<Lock> = (0..8).map(|i| pooled(format!("r{i}"), 2)).collect();
+        for r in racers.iter_mut() {
+            r.inspect(T).await.expect("warm up");
+        }
+        let futs: Vec<_> = racers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, l)| Box::pin(async move { (i, l.acquire(L, T).await.expect("acquire")) }))
+            .collect();
+        let won: Vec<(usize, i64)> = join_all(futs)
+            .await
+            .into_iter()
+            .filter_map(|(i, e)| e.map(|e| (i, e)))
+            .collect();
+        assert_eq!(won.len(), 2, "winners {won:?}");
+        let mut slots: Vec<u32> = won
+            .iter()
+            .map(|&(i, _)| racers[i].slot().expect("a slot"))
+            .collect();
+        slots.sort();
+        assert_eq!(slots, [0, 1], "{won:?}");
+        assert!(
+            won.iter().all(|&(_, e)| e == 1),
+            "first epoch of each slot: {won:?}"
+        );
+        let mut s = store(&srv.url);
+        for name in ["pool", "pool#1"] {
+            let info = s.inspect(name, T).await.expect("inspect").expect("lease");
+            assert_eq!(info.slots, Some(2), "{info:?}");
+        }
+        let mut third = pooled("third".into(), 2);
+        assert_eq!(third.acquire(L, T).await.expect("acquire"), None);
+        let mut plain = lock(&srv.url, "pool", "plain");
+        assert_eq!(plain.acquire(L, T).await.expect("acquire"), None);
+
+        // Slot 1 freed: the third takes it at that slot's next epoch.
+        let (i1, e1) = *won
+            .iter()
+            .find(|&&(i, _)| racers[i].slot() == Some(1))
+            .expect("slot 1");
+        assert!(racers[i1]
+            .release(e1, Duration::ZERO, T)
+            .await
+            .expect("release"));
+        assert_eq!(third.acquire(L, T).await.expect("acquire"), Some(e1 + 1));
+        assert_eq!(third.slot(), Some(1));
+
+        // Another N is refused, and leaves no slot taken.
+        let (i0, e0) = *won
+            .iter()
+            .find(|&&(i, _)| racers[i].slot() == Some(0))
+            .expect("slot 0");
+        assert!(racers[i0]
+            .release(e0, Duration::ZERO, T)
+            .await
+            .expect("release"));
+        let mut other = pooled("other".into(), 3);
+        let err = other.acquire(L, T).await.expect_err("another N");
+        assert_eq!(err.kind(), ErrorKind::Usage, "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("--slots 3") && msg.contains("with --slots 2"),
+            "{msg}"
+        );
+        let info = s.inspect("pool", T).await.expect("inspect").expect("lease");
+        assert!(
+            !info.is_live(),
+            "the refused run's slot was not handed back: {info:?}"
+        );
+        assert_eq!(info.epoch, e0 + 1, "{info:?}");
+    });
+}
+
 /// §12, `--retry-failed`: a failed run's period is taken again in the
 /// acquire's own atomic step, so of racing retries one takes it (the other
 /// finds the lease held, the retry running); once a run exits 0 the period
@@ -671,6 +760,28 @@ macro_rules! values {
             #[test] fn values_are_the_tenures() { super::super::values_are_the_tenures(super::super::stores::$store()) }
         }
     )*};
+}
+
+/// The stores that keep `--slots`' N with each grant: the clause runs on each.
+macro_rules! slots {
+    ($($store:ident),* $(,)?) => {$(
+        mod $store {
+            #[test] fn slots_hold_at_most_n() { super::super::slots_hold_at_most_n(super::super::stores::$store()) }
+        }
+    )*};
+}
+
+mod slots {
+    slots!(
+        postgres,
+        sqlite,
+        mysql,
+        redis,
+        etcd,
+        zookeeper,
+        pgbouncer_transaction,
+        pgbouncer_session
+    );
 }
 
 mod values {

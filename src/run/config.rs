@@ -137,6 +137,18 @@ impl RunConfig {
                     "--slots with --once-per: a period has one run, not one per slot",
                 ));
             }
+            // Every slot's lease name must be a lease name a store takes.
+            let last = crate::names::slot_name(&name, run.slots.unwrap_or(1) - 1);
+            if last.len() > crate::names::MAX_NAME {
+                return Err(usage(format!(
+                    "lease name {name} is {} characters long: with --slots {} its last slot's \
+                     lease, {last}, would be {}, and at most {} are allowed",
+                    name.len(),
+                    run.slots.unwrap_or(1),
+                    last.len(),
+                    crate::names::MAX_NAME
+                )));
+            }
             if !store.slots() {
                 return Err(usage(format!(
                     "--slots is not supported on the {} store yet",

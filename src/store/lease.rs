@@ -46,32 +46,72 @@ impl LeaseInfo {
     }
 }
 
-/// The lease's values as the key-value stores keep them, in a key of their
-/// own beside the lease: `EPOCH:r:TEXT` while the tenure at `EPOCH` runs,
-/// `EPOCH:k:TEXT` once its run has ended and only `--min-hold` keeps it
-/// (`TEXT` the advertised value, empty for none).
+/// The lease's values as the key-value stores keep them, in a key (or
+/// node) of their own beside the lease: `EPOCH:rN:TEXT` while the tenure at
+/// `EPOCH` runs, `EPOCH:kN:TEXT` once its run has ended and only
+/// `--min-hold` keeps it (`N` the tenure's `--slots` above 1, empty for a
+/// plain run; `TEXT` the advertised value, empty for none).
 #[cfg(feature = "etcd")]
-pub(crate) fn values_text(epoch: i64, kept: bool, advertised: Option<&str>) -> String {
+pub(crate) fn values_text(
+    epoch: i64,
+    kept: bool,
+    advertised: Option<&str>,
+    slots: Option<u32>,
+) -> String {
     let flag = if kept { 'k' } else { 'r' };
-    format!("{epoch}:{flag}:{}", advertised.unwrap_or_default())
+    let n = slots.map_or(String::new(), |n| n.to_string());
+    format!("{epoch}:{flag}{n}:{}", advertised.unwrap_or_default())
 }
 
-/// [`values_text`] read back for the tenure at `epoch`: its advertised
-/// value and whether it is kept. Another tenure's values, or a value that
-/// does not parse (written by hand), are none.
+/// What follows `EPOCH:r` in `values_text` (`N:TEXT`), or empty when
+/// there is nothing to keep: the Redis scripts are given this.
+#[cfg(feature = "redis")]
+pub(crate) fn values_suffix(advertised: Option<&str>, slots: Option<u32>) -> String {
+    if advertised.is_none() && slots.is_none() {
+        return String::new();
+    }
+    let n = slots.map_or(String::new(), |n| n.to_string());
+    format!("{n}:{}", advertised.unwrap_or_default())
+}
+
 #[cfg(any(feature = "redis", feature = "etcd"))]
-pub(crate) fn parse_values(v: &str, epoch: i64) -> (Option<String>, bool) {
+/// The values of one tenure, as [`parse_values`] reads them back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Values {
+    pub advertised: Option<String>,
+    pub kept: bool,
+    pub slots: Option<u32>,
+}
+
+/// [`values_text`] read back for the tenure at `epoch`. Another tenure's
+/// values, or a value that does not parse (written by hand), are none.
+#[cfg(any(feature = "redis", feature = "etcd"))]
+pub(crate) fn parse_values(v: &str, epoch: i64) -> Values {
     let mut parts = v.splitn(3, ':');
     let (Some(e), Some(flag), Some(text)) = (parts.next(), parts.next(), parts.next()) else {
-        return (None, false);
+        return Values::default();
     };
-    if e.parse::<i64>().ok() != Some(epoch) || !matches!(flag, "r" | "k") {
-        return (None, false);
+    if e.parse::<i64>().ok() != Some(epoch) {
+        return Values::default();
     }
-    (
-        Some(text.to_string()).filter(|t| !t.is_empty()),
-        flag == "k",
-    )
+    let (kept, n) = match flag.split_at_checked(1) {
+        Some(("r", n)) => (false, n),
+        Some(("k", n)) => (true, n),
+        _ => return Values::default(),
+    };
+    let slots = match n {
+        "" => None,
+        t => match t.parse::<u32>() {
+            // Written by values_text only: above 1, no sign, no leading zero.
+            Ok(k) if k > 1 && k.to_string() == t => Some(k),
+            _ => return Values::default(),
+        },
+    };
+    Values {
+        advertised: Some(text.to_string()).filter(|t| !t.is_empty()),
+        kept,
+        slots,
+    }
 }
 
 /// What a store can promise.
@@ -207,15 +247,31 @@ mod tests {
     #[test]
     #[cfg(feature = "etcd")]
     fn values_are_the_tenures_own() {
+        let v = |a: Option<&str>, kept, slots| Values {
+            advertised: a.map(str::to_string),
+            kept,
+            slots,
+        };
         assert_eq!(
-            parse_values(&values_text(7, false, Some("10.0.0.1:80")), 7),
-            (Some("10.0.0.1:80".into()), false)
+            parse_values(&values_text(7, false, Some("10.0.0.7:80"), None), 7),
+            v(Some("10.0.0.7:80"), false, None)
         );
-        assert_eq!(parse_values(&values_text(7, true, None), 7), (None, true));
-        assert_eq!(parse_values("7:k:a", 7), (Some("a".into()), true));
-        assert_eq!(parse_values("6:r:a", 7), (None, false));
-        assert_eq!(parse_values("7:x:a", 7), (None, false));
-        assert_eq!(parse_values("junk", 7), (None, false));
+        assert_eq!(
+            parse_values(&values_text(7, true, None, Some(3)), 7),
+            v(None, true, Some(3))
+        );
+        assert_eq!(values_text(7, false, Some("a:b"), Some(2)), "7:r2:a:b");
+        assert_eq!(parse_values("7:r2:a:b", 7), v(Some("a:b"), false, Some(2)));
+        #[cfg(feature = "redis")]
+        assert_eq!(values_suffix(None, None), "");
+        assert_eq!(values_text(7, true, None, None), "7:k:");
+        assert_eq!(parse_values("7:k:", 7), v(None, true, None));
+        assert_eq!(parse_values("7:k:a", 7), v(Some("a"), true, None));
+        for other in [
+            "6:r:a", "7:x:a", "junk", "7:r1:a", "7:r02:a", "7:rx:a", "7:", "7:r",
+        ] {
+            assert_eq!(parse_values(other, 7), Values::default(), "{other}");
+        }
     }
 
     #[test]

@@ -401,6 +401,19 @@ impl Store {
         each!(self, b => b.retry_failed())
     }
 
+    /// Whether one subscription to "lease `name` was freed" also hears of
+    /// every slot of it (`NAME#i`): the embedded store and Postgres, whose
+    /// wake-ups name the lease and are matched by name.
+    pub fn wakes_for_every_slot(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => true,
+            Store::Sqlite(_) => true,
+            #[allow(unreachable_patterns)] // a build with neither of the others
+            _ => false,
+        }
+    }
+
     /// Whether the store keeps an `--advertise` value with the lease.
     pub fn advertises(&self) -> bool {
         each!(self, b => b.advertises())
@@ -582,7 +595,13 @@ impl Lock {
     /// A subscription to "this lease was freed" (any of its slots), where
     /// the store pushes.
     pub fn wakeups(&self) -> Option<Subscription> {
-        self.store.wakeups(&self.name)
+        if !self.slotted || self.store.wakes_for_every_slot() {
+            return self.store.wakeups(&self.name);
+        }
+        let all: Option<Vec<Subscription>> = (0..self.key.slots)
+            .map(|i| self.store.wakeups(&crate::names::slot_name(&self.name, i)))
+            .collect();
+        all.map(Subscription::Slots)
     }
 
     /// Store `value` with every grant this lock takes (`--advertise`). The

@@ -61,6 +61,11 @@ pub enum Subscription {
     #[cfg(feature = "zookeeper")]
     ZooKeeper(zookeeper::wake::ZkWakeups),
     Sqlite(sqlite::wake::FileWakeups),
+    /// One subscription per slot (`--slots`), where a store's subscription
+    /// is to one lease (Redis's channel, etcd's key, ZooKeeper's node): a
+    /// wake-up from any of them is one. Each is a connection of its own,
+    /// so N slots cost N subscription connections per waiting contender.
+    Slots(Vec<Subscription>),
 }
 
 impl Wakeups for Subscription {
@@ -75,6 +80,18 @@ impl Wakeups for Subscription {
             #[cfg(feature = "zookeeper")]
             Subscription::ZooKeeper(w) => w.arm().await,
             Subscription::Sqlite(w) => w.arm().await,
+            Subscription::Slots(all) => {
+                // Every one armed that can be; the first failure is told
+                // (the caller then polls, until it arms again).
+                let mut first = Ok(());
+                for w in all.iter_mut() {
+                    let r = Box::pin(w.arm()).await;
+                    if first.is_ok() {
+                        first = r;
+                    }
+                }
+                first
+            }
         }
     }
 
@@ -89,6 +106,19 @@ impl Wakeups for Subscription {
             #[cfg(feature = "zookeeper")]
             Subscription::ZooKeeper(w) => w.wake().await,
             Subscription::Sqlite(w) => w.wake().await,
+            Subscription::Slots(all) => {
+                let mut waits: Vec<_> = all.iter_mut().map(|w| Box::pin(w.wake())).collect();
+                std::future::poll_fn(|cx| {
+                    for w in waits.iter_mut() {
+                        if let std::task::Poll::Ready(r) = std::future::Future::poll(w.as_mut(), cx)
+                        {
+                            return std::task::Poll::Ready(r);
+                        }
+                    }
+                    std::task::Poll::Pending
+                })
+                .await
+            }
         }
     }
 }

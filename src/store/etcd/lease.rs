@@ -213,7 +213,7 @@ impl Members {
         advertised: &str,
     ) -> Res<()> {
         let (lk, vk) = (lease_key(name), value_key(name));
-        let text = values_text(epoch, false, Some(advertised));
+        let text = values_text(epoch, false, Some(advertised), None);
         self.txn(
             json!([{"key": b64(&lk), "target": "VALUE", "result": "EQUAL", "value": b64(value)}]),
             json!([{"request_put": {"key": b64(&vk), "value": b64(&text), "lease": id.to_string()}}]),
@@ -226,11 +226,13 @@ impl Members {
     /// Take the lease: its epoch and the etcd lease behind it.
     pub(super) async fn take(
         &mut self,
-        (name, holder, advertise): (&str, &str, Option<&str>),
+        (name, holder, advertise, slots): (&str, &str, Option<&str>, Option<u32>),
         ttl: i64,
     ) -> Res<Option<(i64, i64)>> {
         let mut id = None;
-        let res = self.try_take(name, holder, advertise, ttl, &mut id).await;
+        let res = self
+            .try_take(name, holder, (advertise, slots), ttl, &mut id)
+            .await;
         // A grant we did not use: hand it back rather than let it linger.
         if !matches!(res, Ok(Some(_))) {
             if let Some(id) = id {
@@ -244,7 +246,7 @@ impl Members {
         &mut self,
         name: &str,
         holder: &str,
-        advertise: Option<&str>,
+        (advertise, slots): (Option<&str>, Option<u32>),
         ttl: i64,
         id: &mut Option<i64>,
     ) -> Res<Option<(i64, i64)>> {
@@ -294,8 +296,8 @@ impl Members {
             // from the moment the lease is, gone when it is. (Without a
             // value there is nothing to put: an earlier tenure's went with
             // its etcd lease.)
-            if let Some(a) = advertise {
-                let text = values_text(epoch, false, Some(a));
+            if advertise.is_some() || slots.is_some() {
+                let text = values_text(epoch, false, advertise, slots);
                 puts.push(json!({"request_put": {"key": b64(&vk), "value": b64(&text), "lease": lease_id.to_string()}}));
             }
             let r = self
@@ -370,7 +372,7 @@ impl Members {
 
     pub(super) async fn give_back(
         &mut self,
-        (name, holder, advertise): (&str, &str, Option<&str>),
+        (name, holder, advertise, slots): (&str, &str, Option<&str>, Option<u32>),
         epoch: i64,
         keep: Duration,
         known: Option<(i64, i64)>,
@@ -420,7 +422,7 @@ impl Members {
             _ => {}
         }
         // The values move with it, marked kept: the run has ended.
-        let kept = values_text(epoch, true, advertise);
+        let kept = values_text(epoch, true, advertise, slots);
         let r = self
             .txn(
                 ours,
@@ -455,8 +457,9 @@ impl Members {
                 } else {
                     i64::MAX / 1000 // a key put by hand, without a lease
                 };
-                let (advertised, kept) =
-                    values.map_or((None, false), |v| parse_values(&v.value, epoch));
+                let values = values
+                    .map(|v| parse_values(&v.value, epoch))
+                    .unwrap_or_default();
                 Some(LeaseInfo {
                     name: name.to_string(),
                     holder: Some(holder.to_string()),
@@ -466,9 +469,9 @@ impl Members {
                     // end, so a key etcd still keeps never reads as expired
                     // (TTL 0 means under a second, not gone; -1 is gone).
                     expires_in_ms: Some(left.saturating_add(1).saturating_mul(1000)),
-                    advertised,
-                    kept,
-                    slots: None,
+                    advertised: values.advertised,
+                    kept: values.kept,
+                    slots: values.slots,
                 })
             }
             None => counter.map(|epoch| LeaseInfo {

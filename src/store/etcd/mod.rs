@@ -167,6 +167,7 @@ impl Backend for EtcdStore {
             key.name.as_str(),
             key.holder.as_str(),
             key.advertise.as_deref(),
+            key.slots_value(),
         );
         let taken = self
             .call(timeout, "cannot acquire in", async |m| m.take(k, ttl).await)
@@ -178,6 +179,10 @@ impl Backend for EtcdStore {
     }
 
     fn advertises(&self) -> bool {
+        true
+    }
+
+    fn slots(&self) -> bool {
         true
     }
 
@@ -232,7 +237,7 @@ impl Backend for EtcdStore {
         timeout: Duration,
     ) -> Result<bool, StoreError> {
         let (name, holder, known) = (key.name.as_str(), key.holder.as_str(), self.granted);
-        let k = (name, holder, key.advertise.as_deref());
+        let k = (name, holder, key.advertise.as_deref(), key.slots_value());
         let outcome = outcome.to_string();
         let (ended, released) = self
             .call(timeout, "cannot release in", async |m| {
@@ -294,6 +299,7 @@ impl Backend for EtcdStore {
             key.name.as_str(),
             key.holder.as_str(),
             key.advertise.as_deref(),
+            key.slots_value(),
         );
         let known = self.granted;
         let released = self

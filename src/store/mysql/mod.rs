@@ -229,7 +229,7 @@ fn denied(e: &sqlx::Error) -> bool {
 /// the run's start.
 async fn take(
     c: &mut MySqlConnection,
-    (name, holder, advertise): (&str, &str, Option<&str>),
+    (name, holder, advertise, slots): (&str, &str, Option<&str>, Option<u32>),
     us: i64,
     period: Option<Period>,
 ) -> Result<Result<Acquired, Refusal>, sqlx::Error> {
@@ -303,9 +303,10 @@ async fn take(
         .fetch_one(&mut *tx)
         .await?
         .try_get(0)?;
-    if let Some(value) = advertise {
+    if advertise.is_some() || slots.is_some() {
         sqlx::query(TAKEN_VALUES_SQL)
-            .bind(value)
+            .bind(advertise)
+            .bind(slots.map(i64::from))
             .bind(name)
             .execute(&mut *tx)
             .await?;
@@ -330,7 +331,7 @@ async fn table_visible(c: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
 /// may have created it).
 async fn take_or_create(
     c: &mut MySqlConnection,
-    key: (&str, &str, Option<&str>),
+    key: (&str, &str, Option<&str>, Option<u32>),
     us: i64,
     period: Option<Period>,
 ) -> Result<Result<Acquired, Refusal>, sqlx::Error> {
@@ -483,13 +484,13 @@ impl MySqlStore {
     ) -> Result<bool, StoreError> {
         const WHAT: &str = "cannot release in";
         let grant = (key.name.as_str(), key.holder.as_str(), epoch);
-        if keep.is_zero() && key.advertise.is_none() {
+        if keep.is_zero() && key.advertise.is_none() && key.slots_value().is_none() {
             return self
                 .update(WHAT, plain, params, grant, false, timeout)
                 .await;
         }
         let us = micros(keep);
-        let mut all = vec![Param::Micros(us), Param::Micros(us), Param::Micros(us)];
+        let mut all = vec![Param::Micros(us); 4];
         all.extend(params.iter().cloned());
         match self
             .update(WHAT, with_values, all, grant, false, timeout)
@@ -512,7 +513,7 @@ impl MySqlStore {
         timeout: Duration,
     ) -> Result<Acquired, StoreError> {
         let (name, holder, us) = (key.name.as_str(), key.holder.as_str(), micros(lease));
-        let advertise = key.advertise.as_deref();
+        let (advertise, slots) = (key.advertise.as_deref(), key.slots_value());
         let check = self.s.c.require_sync;
         let what = "cannot acquire in";
         let out = self
@@ -532,10 +533,11 @@ impl MySqlStore {
                     }
                     before = Some(st.no_tx);
                 }
-                let got = match take_or_create(c, (name, holder, advertise), us, period).await? {
-                    Ok(got) => got,
-                    Err(r) => return Ok(Err(r)),
-                };
+                let got =
+                    match take_or_create(c, (name, holder, advertise, slots), us, period).await? {
+                        Ok(got) => got,
+                        Err(r) => return Ok(Err(r)),
+                    };
                 if let (Acquired::Taken(epoch), Some(before)) = (got, before) {
                     if semi_sync(c).await?.no_tx != before {
                         // Handed back; under --once-per nothing ran, so
@@ -578,13 +580,13 @@ impl MySqlStore {
             Ok(Ok(())) => {
                 tracing::info!(
                     event = "store_schema",
-                    "added the missing columns to leader_lease (for --once-per, --advertise)"
+                    "added the missing columns to leader_lease (for --once-per, --advertise, --slots)"
                 );
                 Ok(())
             }
             Ok(Err((e, statement))) => Err(StoreError::fatal(format!(
                 "{what} the store {}: {e}: table leader_lease was made by an earlier release \
-                 and lacks the columns --once-per and --advertise keep their values in; run \
+                 and lacks the columns --once-per, --advertise and --slots keep their values in; run \
                  `{statement}` as a login with ALTER on it (or `leaderrun init` as it)",
                 self.s.c.shown()
             ))),
@@ -593,30 +595,26 @@ impl MySqlStore {
     }
 }
 
-/// What brings an earlier release's table up to date: each group of
-/// columns with the count that says whether the table has them all, and
-/// the one statement that adds them (MySQL has no `ADD COLUMN IF NOT
-/// EXISTS`, so each group is added whole, and only where it is missing).
-const UPGRADES: [(&str, i64, &str); 2] = [
-    (HAS_COLUMNS_SQL, UPGRADE_COLUMNS, UPGRADE_SQL),
-    (HAS_VALUE_COLUMNS_SQL, VALUE_COLUMNS, VALUES_UPGRADE_SQL),
-];
-
-/// Add the columns the table lacks (the run record's, the lease's values).
-/// `Err` inside is the server's refusal for lack of a privilege, as it says
-/// it, with the statement it refused.
-async fn upgrade(
-    c: &mut MySqlConnection,
-) -> Result<Result<(), (String, &'static str)>, sqlx::Error> {
-    for (count, all, statement) in UPGRADES {
-        let has: i64 = sqlx::query(count).fetch_one(&mut *c).await?.try_get(0)?;
-        if has >= all {
-            continue;
-        }
-        match sqlx::query(statement).execute(&mut *c).await {
+/// Add the columns the table lacks: the run record's (a group added whole:
+/// an earlier release's table has all of them or none) and the lease's
+/// values (each missing one: a development build's table may have some).
+/// MySQL has no `ADD COLUMN IF NOT EXISTS`, so each is sent only where the
+/// table lacks it. `Err` inside is the server's refusal for lack of a
+/// privilege, as it says it, with the statement it refused.
+async fn upgrade(c: &mut MySqlConnection) -> Result<Result<(), (String, String)>, sqlx::Error> {
+    let has: i64 = sqlx::query(HAS_COLUMNS_SQL)
+        .fetch_one(&mut *c)
+        .await?
+        .try_get(0)?;
+    let runs = (has < UPGRADE_COLUMNS).then(|| UPGRADE_SQL.to_string());
+    let has: Vec<String> = sqlx::query_scalar(HAS_VALUE_COLUMNS_SQL)
+        .fetch_all(&mut *c)
+        .await?;
+    for statement in [runs, values_upgrade(&has)].into_iter().flatten() {
+        match sqlx::query(&statement).execute(&mut *c).await {
             Ok(_) => {}
             Err(e) if denied(&e) => return Ok(Err((sql::message(&e), statement))),
-            // Another login added them between the count and the ALTER.
+            // Another login added them between the look and the ALTER.
             Err(e) if number(&e) == Some(DUPLICATE_COLUMN) => {}
             Err(e) => return Err(e),
         }
@@ -643,8 +641,9 @@ impl Backend for MySqlStore {
         timeout: Duration,
     ) -> Result<Option<i64>, StoreError> {
         let got = match self.acquire_in(key, lease, None, timeout).await {
-            // Only `--advertise` names a column a plain acquire does not.
-            Err(e) if key.advertise.is_some() && lacks_column(&e) => {
+            // Only `--advertise` and `--slots` name columns a plain
+            // acquire does not.
+            Err(e) if (key.advertise.is_some() || key.slots > 1) && lacks_column(&e) => {
                 self.add_run_columns(timeout).await?;
                 self.acquire_in(key, lease, None, timeout).await
             }
@@ -654,6 +653,10 @@ impl Backend for MySqlStore {
     }
 
     fn advertises(&self) -> bool {
+        true
+    }
+
+    fn slots(&self) -> bool {
         true
     }
 
@@ -816,7 +819,7 @@ impl Backend for MySqlStore {
                 if let Err((why, statement)) = upgrade(c).await? {
                     tracing::info!(
                         event = "store_schema",
-                        "cannot add the columns --once-per and --advertise need to \
+                        "cannot add the columns --once-per, --advertise and --slots need to \
                          leader_lease: {why}; run `{statement}` as a login with ALTER on it"
                     );
                 }

@@ -21,32 +21,52 @@ macro_rules! table_sql {
     run_outcome    VARCHAR(64) CHARACTER SET utf8mb4 NULL,
     advertised       VARCHAR(256) CHARACTER SET utf8mb4 NULL,
     advertised_epoch BIGINT NULL,
-    kept_epoch       BIGINT NULL
+    kept_epoch       BIGINT NULL,
+    slots            BIGINT NULL
 ) ENGINE = InnoDB"
     };
 }
 
-/// Adds the lease's values (`--advertise`, and the mark of a `--min-hold`
-/// keep: see `sql::lease_info`) to a table made by an earlier release, as
-/// [`UPGRADE_SQL`] adds the run record's; sent only when
-/// [`HAS_VALUE_COLUMNS_SQL`] counts fewer than [`VALUE_COLUMNS`]. A login
-/// without ALTER keeps working for every run but an `--advertise` one,
-/// which names this statement.
+/// Adds the lease's values (`--advertise`, `--slots`' N, and the mark of a
+/// `--min-hold` keep: see `sql::lease_info`) to a table made by an earlier
+/// release, as [`UPGRADE_SQL`] adds the run record's. A table made by a
+/// development build may have some of them: [`values_upgrade`] adds only
+/// those missing (MySQL has no `ADD COLUMN IF NOT EXISTS`). A login
+/// without ALTER keeps working for every run but an `--advertise` or
+/// `--slots` one, which names the statement.
 macro_rules! values_upgrade_sql {
     () => {
         "ALTER TABLE leader_lease \
 ADD COLUMN advertised VARCHAR(256) CHARACTER SET utf8mb4 NULL, \
 ADD COLUMN advertised_epoch BIGINT NULL, \
-ADD COLUMN kept_epoch BIGINT NULL"
+ADD COLUMN kept_epoch BIGINT NULL, \
+ADD COLUMN slots BIGINT NULL"
     };
 }
 pub const VALUES_UPGRADE_SQL: &str = values_upgrade_sql!();
 
-/// How many of the columns [`VALUES_UPGRADE_SQL`] adds the table has.
-pub(super) const HAS_VALUE_COLUMNS_SQL: &str = "SELECT COUNT(*) FROM information_schema.columns
+/// The columns [`VALUES_UPGRADE_SQL`] adds, with their definitions.
+pub(super) const VALUE_COLUMNS: [(&str, &str); 4] = [
+    ("advertised", "VARCHAR(256) CHARACTER SET utf8mb4 NULL"),
+    ("advertised_epoch", "BIGINT NULL"),
+    ("kept_epoch", "BIGINT NULL"),
+    ("slots", "BIGINT NULL"),
+];
+
+/// Which of [`VALUE_COLUMNS`] the table has.
+pub(super) const HAS_VALUE_COLUMNS_SQL: &str = "SELECT column_name FROM information_schema.columns
       WHERE table_schema = DATABASE() AND table_name = 'leader_lease'
-        AND column_name IN ('advertised', 'advertised_epoch', 'kept_epoch')";
-pub(super) const VALUE_COLUMNS: i64 = 3;
+        AND column_name IN ('advertised', 'advertised_epoch', 'kept_epoch', 'slots')";
+
+/// The statement that adds the value columns `has` lacks, or `None`.
+pub(super) fn values_upgrade(has: &[String]) -> Option<String> {
+    let missing: Vec<String> = VALUE_COLUMNS
+        .iter()
+        .filter(|(c, _)| !has.iter().any(|h| h.eq_ignore_ascii_case(c)))
+        .map(|(c, def)| format!("ADD COLUMN {c} {def}"))
+        .collect();
+    (!missing.is_empty()).then(|| format!("ALTER TABLE leader_lease {}", missing.join(", ")))
+}
 
 /// Adds the run record's columns to a table made by an earlier release, in
 /// one statement. MySQL has no `ADD COLUMN IF NOT EXISTS` (MariaDB has), so
@@ -76,7 +96,7 @@ pub const SCHEMA: Schema = Schema {
     dialect: "MySQL/MariaDB",
     sql: concat!(
         "-- a table made by an earlier release lacks the run record's columns (--once-per)\n\
-         -- or the lease's values (--advertise). Add what it lacks with (as a login with\n\
+         -- or the lease's values (--advertise, --slots). Add what it lacks with (as a login with\n\
          -- ALTER on it, once each):\n-- ",
         upgrade_sql!(),
         "\n-- ",
@@ -193,18 +213,19 @@ pub(super) const RELEASE_SQL: &str = "UPDATE leader_lease
 /// The lease's values as a release leaves them (before the release's own
 /// assignments, while `holder` is still the old one): kept (`--min-hold`,
 /// keep > 0) the tenure is marked ended and keeps its value, which goes
-/// with the lease; freed, the value goes at once. ? keep µs, three times.
+/// with the lease; freed, the value goes at once. ? keep µs, four times.
 macro_rules! released_values {
     () => {
         "kept_epoch = IF(? > 0, epoch, NULL),
             advertised = IF(? > 0, advertised, NULL),
+            slots = IF(? > 0, slots, NULL),
             advertised_epoch = IF(? > 0, advertised_epoch, NULL),
             "
     };
 }
 
 // RELEASE_SQL with the lease's values, for a run that has any to write (a
-// keep, or an advertised value). ? keep µs ×3, then as RELEASE_SQL.
+// keep, an advertised value, or N). ? keep µs ×4, then as RELEASE_SQL.
 pub(super) const RELEASE_VALUES_SQL: &str = concat!(
     "UPDATE leader_lease
         SET ",
@@ -214,10 +235,10 @@ pub(super) const RELEASE_VALUES_SQL: &str = concat!(
       WHERE name = ? AND holder = ? AND epoch = ?"
 );
 
-// After a take, in its transaction: the new tenure's `--advertise` value.
-// ? value, ? name
+// After a take, in its transaction: the new tenure's `--advertise` value
+// and `--slots` N (each NULL when not given). ? value, ? N, ? name
 pub(super) const TAKEN_VALUES_SQL: &str = "UPDATE leader_lease
-        SET advertised = ?, advertised_epoch = epoch, kept_epoch = NULL
+        SET advertised = ?, slots = ?, advertised_epoch = epoch, kept_epoch = NULL
       WHERE name = ?";
 
 // RELEASE_SQL that also writes the run record's end and outcome, where the
@@ -233,7 +254,7 @@ pub(super) const RELEASE_ENDING_SQL: &str = "UPDATE leader_lease
             expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
       WHERE name = ? AND holder = ? AND epoch = ?";
 
-// RELEASE_ENDING_SQL with the lease's values. ? keep µs ×3, then as
+// RELEASE_ENDING_SQL with the lease's values. ? keep µs ×4, then as
 // RELEASE_ENDING_SQL.
 pub(super) const RELEASE_ENDING_VALUES_SQL: &str = concat!(
     "UPDATE leader_lease

@@ -288,9 +288,12 @@ impl RedisStore {
             }
             None => &ACQUIRE,
         };
-        // The values key and the advertised value go last (scripts.rs).
+        // The values key and the values go last (scripts.rs).
         keys.push(value_key(name));
-        args.push(key.advertise.clone().unwrap_or_default());
+        args.push(crate::store::lease::values_suffix(
+            key.advertise.as_deref(),
+            key.slots_value(),
+        ));
         let taken = self
             .call(timeout, "cannot acquire in", async move |c, deadline| {
                 let start = Instant::now();
@@ -464,6 +467,10 @@ impl Backend for RedisStore {
     }
 
     fn advertises(&self) -> bool {
+        true
+    }
+
+    fn slots(&self) -> bool {
         true
     }
 

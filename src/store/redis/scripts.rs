@@ -8,24 +8,26 @@ use ::redis::{ErrorKind, RedisError, Value};
 use super::server::Server;
 use crate::store::{LeaseInfo, StoreError};
 
-/// The lease's values (`--advertise`, and the mark of a `--min-hold` keep)
-/// live in a key of their own beside the lease, `VALUE_SUFFIX`, always the
-/// *last* key a script is given, as `EPOCH:r:TEXT` while the tenure runs
-/// and `EPOCH:k:TEXT` once its run has ended and only a keep holds it
-/// (`TEXT` empty: nothing advertised). It lives exactly as the lease does:
-/// written with the lease's `PX` by the taking script (deleted there when
-/// nothing is advertised, so no earlier tenure's value lingers), extended
+/// The lease's values (`--advertise`, `--slots`' N, and the mark of a
+/// `--min-hold` keep) live in a key of their own beside the lease,
+/// `VALUE_SUFFIX`, always the *last* key a script is given, as
+/// `EPOCH:rN:TEXT` while the tenure runs and `EPOCH:kN:TEXT` once its run
+/// has ended and only a keep holds it (`store::lease::values_text`: `N`
+/// empty for a plain run, `TEXT` empty when nothing is advertised). It
+/// lives exactly as the lease does: written with the lease's `PX` by the
+/// taking script (deleted there when there is nothing to keep, so no
+/// earlier tenure's values linger), extended
 /// by every renewal, given the keep's `PX` or deleted by the release. Its
 /// commands (`SET`, `PEXPIRE`, `DEL`) and key pattern are the ones the ACL
 /// of docs/stores.md already grants.
 ///
-/// After a take (`e` the new epoch, `ARGV[2]` the lease ms): the value,
-/// `ARGV[#ARGV]` ('' for none).
+/// After a take (`e` the new epoch, `ARGV[2]` the lease ms): the values,
+/// `ARGV[#ARGV]` (`N:TEXT`, `store::lease::values_suffix`; '' for none).
 macro_rules! taken_values {
     () => {
         r"
 if ARGV[#ARGV] ~= '' then
-  redis.call('SET', KEYS[#KEYS], e .. ':r:' .. ARGV[#ARGV], 'PX', ARGV[2])
+  redis.call('SET', KEYS[#KEYS], e .. ':r' .. ARGV[#ARGV], 'PX', ARGV[2])
 else
   redis.call('DEL', KEYS[#KEYS])
 end
@@ -34,19 +36,18 @@ end
 }
 
 /// After a release that matched (`ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` keep
-/// ms): kept, the tenure is marked ended with its value; freed, the value
-/// goes.
+/// ms): kept, the tenure is marked ended with its values; freed, they go.
 macro_rules! released_values {
     () => {
         r"
 if tonumber(ARGV[2]) > 0 then
   local e = string.match(ARGV[1], '^(-?%d+):') or ''
   local v = redis.call('GET', KEYS[#KEYS])
-  local text = ''
-  if v and string.sub(v, 1, string.len(e) + 3) == e .. ':r:' then
-    text = string.sub(v, string.len(e) + 4)
+  local rest = ':'
+  if v and string.sub(v, 1, string.len(e) + 2) == e .. ':r' then
+    rest = string.match(string.sub(v, string.len(e) + 3), '^%d*:.*$') or ':'
   end
-  redis.call('SET', KEYS[#KEYS], e .. ':k:' .. text, 'PX', ARGV[2])
+  redis.call('SET', KEYS[#KEYS], e .. ':k' .. rest, 'PX', ARGV[2])
 else
   redis.call('DEL', KEYS[#KEYS])
 end
@@ -421,18 +422,20 @@ pub(super) fn parse_info(name: &str, v: &Value) -> Result<Option<LeaseInfo>, Sto
         (Some(value), counter) => {
             let (epoch, holder) = value.split_once(':').ok_or_else(bad)?;
             let epoch = epoch.parse::<i64>().ok().or(counter).ok_or_else(bad)?;
-            let (advertised, kept) = parts.get(3).and_then(as_text).map_or((None, false), |v| {
-                crate::store::lease::parse_values(&v, epoch)
-            });
+            let values = parts
+                .get(3)
+                .and_then(as_text)
+                .map(|v| crate::store::lease::parse_values(&v, epoch))
+                .unwrap_or_default();
             Some(LeaseInfo {
                 name: name.to_string(),
                 holder: Some(holder.to_string()),
                 epoch,
                 // -1: a key without expiry, which only a hand-made key has.
                 expires_in_ms: Some(if pttl >= 0 { pttl } else { i64::MAX }),
-                advertised,
-                kept,
-                slots: None,
+                advertised: values.advertised,
+                kept: values.kept,
+                slots: values.slots,
             })
         }
         // Free (released or expired): the counter still says which epoch

@@ -99,6 +99,8 @@ pub(super) struct Grant {
     pub session: Option<(i64, Vec<u8>)>,
     /// `--advertise`'s value for this tenure, kept through its hold.
     pub advertised: Option<String>,
+    /// `--slots`' N for this tenure, above 1 (a plain run's grant has none).
+    pub slots: Option<u32>,
     pub holder: String,
 }
 
@@ -113,6 +115,10 @@ const VALUE_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.a
 /// value shows it in the holder, which compares with none of its own.
 const VALUE_MARK: char = '\u{1e}';
 
+/// What starts the line of `--slots`' N, after the value's and before the
+/// holder's: another control character, for the same reason.
+const SLOTS_MARK: char = '\u{1d}';
+
 impl Grant {
     pub fn encode(&self) -> Vec<u8> {
         let kind = if self.hold { "hold" } else { "lease" };
@@ -124,8 +130,11 @@ impl Grant {
             let v = percent_encoding::utf8_percent_encode(v, VALUE_ESCAPED);
             format!("{VALUE_MARK}{v}\n")
         });
+        let slots = self
+            .slots
+            .map_or(String::new(), |n| format!("{SLOTS_MARK}{n}\n"));
         format!(
-            "{}\n{kind}\n{}\n{session}\n{value}{}",
+            "{}\n{kind}\n{}\n{session}\n{value}{slots}{}",
             self.epoch, self.ms, self.holder
         )
         .into_bytes()
@@ -156,13 +165,21 @@ impl Grant {
             }
         };
         let rest = parts.next()?;
-        let (advertised, holder) = match rest.strip_prefix(VALUE_MARK) {
+        let (advertised, rest) = match rest.strip_prefix(VALUE_MARK) {
             Some(marked) => {
-                let (value, holder) = marked.split_once('\n')?;
+                let (value, rest) = marked.split_once('\n')?;
                 let value = percent_encoding::percent_decode_str(value)
                     .decode_utf8()
                     .ok()?;
-                (Some(value.into_owned()), holder)
+                (Some(value.into_owned()), rest)
+            }
+            None => (None, rest),
+        };
+        let (slots, holder) = match rest.strip_prefix(SLOTS_MARK) {
+            Some(marked) => {
+                let (n, holder) = marked.split_once('\n')?;
+                let n = n.parse::<u32>().ok().filter(|&n| n > 1)?;
+                (Some(n), holder)
             }
             None => (None, rest),
         };
@@ -172,6 +189,7 @@ impl Grant {
             ms,
             session,
             advertised,
+            slots,
             holder: holder.to_string(),
         })
     }
@@ -388,6 +406,7 @@ impl Conn {
                     ms: millis(lease),
                     session: Some((self.creds.id, self.creds.passwd.clone())),
                     advertised: key.advertise.clone(),
+                    slots: key.slots_value(),
                     holder: holder.to_string(),
                 }
                 .encode(),
@@ -549,6 +568,7 @@ impl Conn {
             ms: millis(keep),
             session: None,
             advertised: g.advertised.clone(),
+            slots: g.slots,
             holder: holder.to_string(),
         }
         .encode();
@@ -591,8 +611,8 @@ impl Conn {
         let Some((epoch, _)) = counter else {
             return Ok(None);
         };
-        let (holder, expires_in_ms, advertised, kept) = match current {
-            None => (None, None, None, false),
+        let (holder, expires_in_ms, advertised, kept, slots) = match current {
+            None => (None, None, None, false, None),
             // A hold that ended is a free lease: none of its values.
             Some((g, stat)) if g.hold => {
                 let now = self.leader_now(&p.dir).await?;
@@ -603,6 +623,7 @@ impl Conn {
                     Some(left),
                     g.advertised.filter(|_| live),
                     live,
+                    g.slots.filter(|_| live),
                 )
             }
             // The session times out `ms` after the ensemble last heard
@@ -613,7 +634,13 @@ impl Conn {
             Some((g, stat)) => {
                 let now = self.leader_now(&p.dir).await?;
                 let left = stat.mtime.saturating_add(g.ms).saturating_sub(now);
-                (Some(g.holder), Some(left.max(1)), g.advertised, false)
+                (
+                    Some(g.holder),
+                    Some(left.max(1)),
+                    g.advertised,
+                    false,
+                    g.slots,
+                )
             }
         };
         Ok(Some(LeaseInfo {
@@ -623,7 +650,7 @@ impl Conn {
             expires_in_ms,
             advertised,
             kept,
-            slots: None,
+            slots,
         }))
     }
 
@@ -765,16 +792,25 @@ mod tests {
             ms: 1500,
             session: None,
             advertised: None,
+            slots: None,
             holder: "host a:1\nodd".into(),
         };
         assert_eq!(Grant::decode(&g.encode()), Some(g.clone()));
         for value in ["10.0.0.7:8080 (a)", "line\nbreak 100% \u{1e}", ""] {
-            let v = Grant {
-                advertised: Some(value.into()),
-                ..g.clone()
-            };
-            assert_eq!(Grant::decode(&v.encode()), Some(v), "{value:?}");
+            for slots in [None, Some(2), Some(64)] {
+                let v = Grant {
+                    advertised: Some(value.into()),
+                    slots,
+                    ..g.clone()
+                };
+                assert_eq!(Grant::decode(&v.encode()), Some(v), "{value:?}");
+            }
         }
+        let n = Grant {
+            slots: Some(3),
+            ..g.clone()
+        };
+        assert_eq!(Grant::decode(&n.encode()), Some(n));
         let live = Grant {
             hold: false,
             session: Some((-7, vec![0, 255, 16])),
@@ -795,6 +831,9 @@ mod tests {
             b"1\nlease\n1\n5:zz\nh",
             b"1\nlease\n1\n-\n\x1eno holder line",
             b"1\nlease\n1\n-\n\x1e%ff\nh",
+            b"1\nlease\n1\n-\n\x1d1\nh",
+            b"1\nlease\n1\n-\n\x1dx\nh",
+            b"1\nlease\n1\n-\n\x1d2",
             b"\xff",
         ] {
             assert_eq!(Grant::decode(bad), None, "{bad:?}");

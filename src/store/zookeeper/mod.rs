@@ -165,6 +165,10 @@ impl Backend for ZkStore {
         true
     }
 
+    fn slots(&self) -> bool {
+        true
+    }
+
     fn once_per(&self) -> bool {
         true
     }
