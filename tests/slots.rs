@@ -531,3 +531,49 @@ fn kill_9_of_a_slot_holder_hands_the_slot_back_etcd() {
 fn kill_9_of_a_slot_holder_hands_the_slot_back_zookeeper() {
     hand_back_on(stores::zookeeper());
 }
+
+/// The same on MySQL/MariaDB, from a table a development build made with
+/// the advertised value's columns but no `slots` (MySQL has no `ADD COLUMN
+/// IF NOT EXISTS`): the statement named adds only the missing column, and
+/// after `init` the login with that build's grants shares two slots.
+#[test]
+fn mysql_a_table_made_before_slots_is_upgraded_by_init() {
+    let my = crate::support::mysql::My::start();
+    my.sql(
+        "CREATE TABLE leader_lease (
+    name VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+    holder VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    epoch BIGINT NOT NULL DEFAULT 0,
+    expires_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00',
+    run_started_at DATETIME(6) NULL, run_ended_at DATETIME(6) NULL,
+    run_holder VARCHAR(256) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    run_epoch BIGINT NULL, run_outcome VARCHAR(64) CHARACTER SET utf8mb4 NULL,
+    advertised VARCHAR(256) CHARACTER SET utf8mb4 NULL,
+    advertised_epoch BIGINT NULL, kept_epoch BIGINT NULL
+) ENGINE = InnoDB",
+    );
+    my.sql("CREATE USER 'app'@'%' IDENTIFIED BY 'apppw'");
+    my.sql("GRANT SELECT, INSERT, UPDATE ON lr.leader_lease TO 'app'@'%'");
+    let app = format!("mysql://app:apppw@127.0.0.1:{}/lr", my.port);
+    let dir = TempDir::new("slots-upgrade-mysql");
+    let ran = dir.file("ran");
+    let touch = format!("touch {}", ran.display());
+    let out = run(lr(&app, "plain", &["--min-hold", "30s"], &touch));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    std::fs::remove_file(&ran).unwrap();
+    let out = run(lr(&app, "pool", &["--slots", "2"], &touch));
+    assert_eq!(out.code, Some(125), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("run `ALTER TABLE leader_lease ADD COLUMN slots BIGINT NULL`"),
+        "{}",
+        out.stderr
+    );
+    assert!(!ran.exists(), "the command ran");
+    let mut init = leaderrun();
+    init.args(["init", "--store", &my.url()]);
+    assert_eq!(run(init).code, Some(0));
+    let out = run(lr(&app, "pool", &["--slots", "2"], &touch));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(ran.exists());
+}

@@ -337,3 +337,24 @@ pub(super) const CLEARABLE_SQL: &str = concat!(
 );
 pub(super) const CLEAR_SQL: &str =
     "UPDATE leader_lease SET holder = NULL, expires_at = UTC_TIMESTAMP(6) WHERE name = ?";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole statement for a table without any value column is the one
+    /// `init --print` shows; a table with some gets only what it lacks.
+    #[test]
+    fn the_values_upgrade_adds_what_is_missing() {
+        assert_eq!(values_upgrade(&[]).as_deref(), Some(VALUES_UPGRADE_SQL));
+        let some: Vec<String> = ["advertised", "ADVERTISED_EPOCH", "kept_epoch"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            values_upgrade(&some).as_deref(),
+            Some("ALTER TABLE leader_lease ADD COLUMN slots BIGINT NULL")
+        );
+        let all: Vec<String> = VALUE_COLUMNS.iter().map(|(c, _)| c.to_string()).collect();
+        assert_eq!(values_upgrade(&all), None);
+    }
+}
