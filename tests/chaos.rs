@@ -64,6 +64,10 @@ struct Suite {
     dir: TempDir,
     slots: Vec<Slot>,
     log: std::path::PathBuf,
+    /// `--slots` for every contender (1: a plain run, as ever).
+    pool: u32,
+    /// Whose slot's holder the next fault aims at.
+    aim: std::cell::Cell<u32>,
     violations: Vec<String>,
     exits: Vec<(String, Option<i32>)>,
 }
@@ -83,7 +87,13 @@ impl Suite {
         c.args([
             "--store", &url, "--name", "chaos", "--wait", "--lease", "2s", "--retry", "200ms",
         ])
-        .args(["-v", "--holder", &who, "--"])
+        .args(["-v", "--holder", &who])
+        .args(if self.pool > 1 {
+            vec!["--slots".to_string(), self.pool.to_string()]
+        } else {
+            Vec::new()
+        })
+        .arg("--")
         .arg(exe)
         .args([
             "--exact",
@@ -111,7 +121,7 @@ impl Suite {
 
     /// Pids of the children a contender instance started, from the log.
     fn children_of(&self, who: &str) -> Vec<i32> {
-        checker::parse(&read(&self.log))
+        checker::parse(&self.all_logs())
             .into_iter()
             .filter(|r| r.who == who)
             .map(|r| r.pid)
@@ -162,8 +172,28 @@ impl Suite {
     }
 
     /// The slot whose instance holds the lease now, by the store.
+    /// What the children logged, every slot's (`--slots`) together.
+    fn all_logs(&self) -> String {
+        let mut all = if self.log.exists() {
+            read(&self.log)
+        } else {
+            String::new()
+        };
+        for slot in 0..self.pool {
+            let f = self.log.with_extension(format!("log.{slot}"));
+            if f.exists() {
+                all.push_str(&read(&f));
+            }
+        }
+        all
+    }
+
     fn holder(&self) -> Option<usize> {
-        let h = self.store.holder("chaos")?;
+        // Under --slots, each slot's holder in turn.
+        let k = self.aim.get();
+        self.aim.set(k.wrapping_add(1));
+        let lease = leaderrun::names::slot_name("chaos", k % self.pool.max(1));
+        let h = self.store.holder(&lease)?;
         (0..N).find(|&i| self.who(i) == h)
     }
 
@@ -213,7 +243,14 @@ impl Suite {
 }
 
 fn run_chaos(kind: Kind, seed: u64, secs: u64) {
-    eprintln!("chaos: {kind:?}, seed {seed}, {secs} s (replay: LEADERRUN_CHAOS_SEED={seed} LEADERRUN_CHAOS_SECONDS={secs})");
+    run_chaos_pooled(kind, seed, secs, 1)
+}
+
+/// The suite with every contender given `--slots pool`: each slot is a
+/// lease of its own, so every guarantee the checker holds a lease to is
+/// checked per slot, on that slot's children and its fenced resource.
+fn run_chaos_pooled(kind: Kind, seed: u64, secs: u64, pool: u32) {
+    eprintln!("chaos: {kind:?}, --slots {pool}, seed {seed}, {secs} s (replay: LEADERRUN_CHAOS_SEED={seed} LEADERRUN_CHAOS_SECONDS={secs})");
     let mut rng = Rng(seed);
     let store = ChaosStore::start(kind);
     let dir = TempDir::new("chaos");
@@ -232,6 +269,8 @@ fn run_chaos(kind: Kind, seed: u64, secs: u64) {
         dir,
         slots,
         log,
+        pool,
+        aim: std::cell::Cell::new(0),
         violations: Vec::new(),
         exits: Vec::new(),
     };
@@ -241,7 +280,12 @@ fn run_chaos(kind: Kind, seed: u64, secs: u64) {
     let mut faults: Vec<Fault> = Vec::new();
     // A short round on another store opens with that store's crash (4) and
     // freeze (the default arm), so its 20 s always put the store under test.
-    let first: &[u64] = if kind == Kind::Postgres { &[] } else { &[4, 5] };
+    // So does a --slots round: its faults must reach the store too.
+    let first: &[u64] = if kind == Kind::Postgres && pool <= 1 {
+        &[]
+    } else {
+        &[4, 5]
+    };
     let t_end = Instant::now() + Duration::from_secs(secs);
     s.idle(Duration::from_secs(2));
     while Instant::now() < t_end {
@@ -363,7 +407,7 @@ fn run_chaos(kind: Kind, seed: u64, secs: u64) {
             s.exits.push((s.who(i), code));
         }
     }
-    let runs = checker::parse(&read(&s.log));
+    let runs = checker::parse(&s.all_logs());
     for r in &runs {
         if alive(r.pid) {
             s.violations.push(format!(
@@ -372,19 +416,50 @@ fn run_chaos(kind: Kind, seed: u64, secs: u64) {
             ));
         }
     }
-    let accepted: Vec<i64> = s
-        .store
-        .fence
-        .sql("SELECT epoch FROM chaos_accepted ORDER BY id")
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect();
     let limits = Limits {
         // "At once": well under one renew interval (R = 667 ms).
         thaw: 250 * MS,
         recovery: (LEASE_MS + RETRY_MS) * MS + 1000 * MS + s.store.recovery_slack(),
     };
-    let mut report = checker::check(&runs, &accepted, &faults, end, &limits);
+    let mut report = if pool <= 1 {
+        let accepted: Vec<i64> = s
+            .store
+            .fence
+            .sql("SELECT epoch FROM chaos_accepted ORDER BY id")
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        checker::check(&runs, &accepted, &faults, end, &limits)
+    } else {
+        // Per slot: its children never overlap and never share an epoch,
+        // its resource never accepts an older epoch after a newer one, and
+        // it has a leader again after every fault (five contenders keep
+        // every slot wanted).
+        let mut all = checker::Report::default();
+        for slot in 0..pool {
+            let f = s.log.with_extension(format!("log.{slot}"));
+            let mine = checker::parse(&if f.exists() { read(&f) } else { String::new() });
+            let accepted: Vec<i64> = s
+                .store
+                .fence
+                .sql(&format!(
+                    "SELECT epoch FROM chaos_accepted WHERE slot = {slot} ORDER BY id"
+                ))
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
+            let mut r = checker::check(&mine, &accepted, &faults, end, &limits);
+            all.violations
+                .extend(r.violations.drain(..).map(|v| format!("slot {slot}: {v}")));
+            all.summary
+                .push_str(&format!("slot {slot}:\n{}", r.summary));
+        }
+        let most = most_at_once(&runs, &faults);
+        all.summary.push_str(&format!(
+            "most children at once, all slots: {most} (--slots {pool})\n"
+        ));
+        all
+    };
     report.violations.append(&mut s.violations);
     let lost = s.exits.iter().filter(|e| e.1 == Some(75)).count();
     eprintln!(
@@ -519,6 +594,35 @@ fn chaos_random_seed() {
     }
     let seed = boot_ns() as u64 ^ u64::from(std::process::id()).rotate_left(32);
     run_chaos(Kind::Postgres, seed, seconds());
+}
+
+/// Most children active at one instant across every slot, outside the
+/// bounded thaw windows (the per-slot check bounds those): the figure for
+/// "never more than N commands".
+fn most_at_once(runs: &[checker::Run], faults: &[Fault]) -> usize {
+    let segs: Vec<(u128, u128)> = runs
+        .iter()
+        .flat_map(|r| checker::segments(r, faults))
+        .filter(|&(_, _, thawed)| !thawed)
+        .map(|(a, b, _)| (a, b))
+        .collect();
+    segs.iter()
+        .map(|&(t, _)| segs.iter().filter(|&&(a, b)| a <= t && t <= b).count())
+        .max()
+        .unwrap_or(0)
+}
+
+/// `--slots 2` under the same faults, on Postgres (the suite's own store):
+/// never two holders of one slot, no epoch repeated within a slot, each
+/// slot's resource fenced by its epochs, every slot led again after every
+/// fault.
+#[test]
+fn chaos_slots() {
+    let secs = std::env::var("LEADERRUN_CHAOS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    run_chaos_pooled(Kind::Postgres, fixed_seed(), secs, 2);
 }
 
 /// The once-per round (`--once-per` firings under faults): tests/chaos/once.rs.

@@ -12,16 +12,19 @@ use std::time::Duration;
 
 use sqlx::Connection;
 
-pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS chaos_state (id int PRIMARY KEY, last_epoch bigint NOT NULL);
-    INSERT INTO chaos_state VALUES (1, 0) ON CONFLICT DO NOTHING;
-    CREATE TABLE IF NOT EXISTS chaos_accepted (id bigserial PRIMARY KEY, epoch bigint NOT NULL, contender text NOT NULL)";
+/// One fenced resource per slot (`--slots`): row `slot + 1` of chaos_state.
+pub const SCHEMA: &str =
+    "CREATE TABLE IF NOT EXISTS chaos_state (id int PRIMARY KEY, last_epoch bigint NOT NULL);
+    INSERT INTO chaos_state VALUES (1, 0), (2, 0), (3, 0), (4, 0) ON CONFLICT DO NOTHING;
+    CREATE TABLE IF NOT EXISTS chaos_accepted (id bigserial PRIMARY KEY, epoch bigint NOT NULL,
+        contender text NOT NULL, slot int NOT NULL DEFAULT 0)";
 
 /// The resource rejects an older epoch in the same statement as the write.
 /// The row lock on chaos_state orders accepted writes, so chaos_accepted.id
 /// is their commit order.
 const FENCED_WRITE: &str = "WITH u AS (
-        UPDATE chaos_state SET last_epoch = $1 WHERE id = 1 AND last_epoch <= $1 RETURNING last_epoch)
-    INSERT INTO chaos_accepted (epoch, contender) SELECT last_epoch, $2 FROM u RETURNING id";
+        UPDATE chaos_state SET last_epoch = $1 WHERE id = $3 + 1 AND last_epoch <= $1 RETURNING last_epoch)
+    INSERT INTO chaos_accepted (epoch, contender, slot) SELECT last_epoch, $2, $3 FROM u RETURNING id";
 
 pub fn boot_ns() -> u128 {
     let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).expect("boot clock");
@@ -50,10 +53,20 @@ pub fn main(spec: &str) {
         .ok()
         .and_then(|e| e.parse().ok())
         .expect("LEASE_EPOCH");
+    // Under --slots each slot is a lease of its own: its own log (the
+    // checker runs per slot) and its own fenced resource.
+    let slot: Option<i32> = std::env::var("LEASE_SLOT")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    let log = match slot {
+        Some(s) => format!("{log}.{s}"),
+        None => log.to_string(),
+    };
+    let slot = slot.unwrap_or(0);
     let mut file = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
-        .open(log)
+        .open(&log)
         .expect("log");
     let pid = std::process::id();
     let mut line = |kind: &str| {
@@ -82,6 +95,7 @@ pub fn main(spec: &str) {
                 let row = sqlx::query(FENCED_WRITE)
                     .bind(epoch)
                     .bind(who)
+                    .bind(slot)
                     .fetch_optional(c)
                     .await?;
                 Ok::<bool, sqlx::Error>(row.is_some())

@@ -79,7 +79,7 @@ pub fn parse(log: &str) -> Vec<Run> {
 
 /// Active stretches of a run: its log split at the thaws of the freezes it
 /// was in. A stretch after a thaw starts at the SIGCONT and is flagged.
-fn segments(r: &Run, faults: &[Fault]) -> Vec<(u128, u128, bool)> {
+pub fn segments(r: &Run, faults: &[Fault]) -> Vec<(u128, u128, bool)> {
     let mut heals: Vec<u128> = faults
         .iter()
         .filter(|f| f.frozen.as_deref() == Some(r.who.as_str()))
