@@ -4,9 +4,6 @@
 //! bad values refused before anything runs, and a table made by the
 //! release before the values, upgraded in place. Against real servers.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-use std::sync::mpsc::channel;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -44,21 +41,7 @@ fn values_on(srv: Server) {
     init.args(["--store", &srv.url, "init"]);
     let out = run(init);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
-    let mut w = leaderrun();
-    w.args(["--store", &srv.url, "watch", "--json", "--name", "adv"])
-        .args(["--retry", "200ms"])
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.file("w.log")).expect("log"));
-    let mut watch = w.spawn().expect("spawn watch");
-    let (tx, lines) = channel();
-    let out = watch.stdout.take().expect("stdout");
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(json(&l)).is_err() {
-                break;
-            }
-        }
-    });
+    let (mut watch, lines) = watch_json(&srv.url, "adv", &dir);
     let first = lines.recv_timeout(10 * SEC).expect("watch's state line");
     assert_eq!(first["event"], "state", "{first}");
 

@@ -5,9 +5,6 @@
 //! contenders that disagree on N refused before anything runs; `status`,
 //! `release --slot`, `check` and `watch` that know slots.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-use std::sync::mpsc::channel;
 use std::time::Duration;
 
 use crate::support::stores::{self, Server};
@@ -243,21 +240,7 @@ fn operate_on(srv: Server) {
     let mut init = leaderrun();
     init.args(["--store", &srv.url, "init"]);
     assert_eq!(run(init).code, Some(0));
-    let mut w = leaderrun();
-    w.args(["--store", &srv.url, "watch", "--json", "--name", "ops"])
-        .args(["--retry", "200ms"])
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.file("w.log")).expect("log"));
-    let mut watch = w.spawn().expect("spawn watch");
-    let (tx, lines) = channel();
-    let out = watch.stdout.take().expect("stdout");
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(json(&l)).is_err() {
-                break;
-            }
-        }
-    });
+    let (mut watch, lines) = watch_json(&srv.url, "ops", &dir);
     assert_eq!(
         lines.recv_timeout(10 * SEC).expect("state line")["event"],
         "state"

@@ -585,3 +585,30 @@ pub fn escapes_on_go(dir: &TempDir) -> String {
         e = dir.file("esc.pid").display(),
     )
 }
+
+/// `leaderrun --store URL watch --json --name NAME --retry 200ms`, its
+/// stderr in `DIR/w.log`, and its lines, parsed, as they come.
+pub fn watch_json(
+    url: &str,
+    name: &str,
+    dir: &TempDir,
+) -> (Child, std::sync::mpsc::Receiver<serde_json::Value>) {
+    use std::io::{BufRead, BufReader};
+    let mut w = leaderrun();
+    w.args(["--store", url, "watch", "--json", "--name", name])
+        .args(["--retry", "200ms"])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.file("w.log")).expect("log"));
+    let mut watch = w.spawn().expect("spawn watch");
+    let (tx, lines) = std::sync::mpsc::channel();
+    let out = watch.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let v = serde_json::from_str(&l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}"));
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    (watch, lines)
+}
