@@ -233,13 +233,18 @@ pub fn check(
         runs.len(),
         runs.len().saturating_sub(1)
     );
-    let _ = writeln!(
-        s,
-        "takeover after a fault: median {:.0} ms, worst {:.0} ms (n = {})",
-        median(&mut takeovers.clone()),
-        worst,
-        takeovers.len()
-    );
+    if takeovers.is_empty() {
+        // No leadership followed a fault: a median of nothing is not a figure.
+        let _ = writeln!(s, "takeover after a fault: none (n = 0)");
+    } else {
+        let _ = writeln!(
+            s,
+            "takeover after a fault: median {:.0} ms, worst {:.0} ms (n = {})",
+            median(&mut takeovers.clone()),
+            worst,
+            takeovers.len()
+        );
+    }
     let _ = writeln!(s, "writes accepted: {ok}, stale writes rejected: {stale}");
     let _ = writeln!(s, "thaw windows (SIGCONT to the child's death, or its last step): {}, longest {max_thaw:.0} ms", thaws.len());
     let _ = writeln!(s, "overlaps: {overlaps} (must be 0)");
