@@ -29,8 +29,21 @@ use super::redis;
 use super::zookeeper;
 use super::{sqlite, StoreError};
 
-/// A subscription to "lease NAME was freed", for the one lease it was made
-/// for.
+/// What wakes a subscription.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard {
+    /// The lease was freed: all a waiting contender acts on. It is never
+    /// woken by an acquisition, which would only make every waiter try (and
+    /// fail) once more each time the lease changes hands.
+    Releases,
+    /// The lease was freed or taken: what `watch` reports. Every store that
+    /// pushes a release also pushes an acquisition, in the same step as the
+    /// acquire or after its commit, never before.
+    Changes,
+}
+
+/// A subscription to "lease NAME was freed" (and, for `watch`, "taken":
+/// [`Heard`]), for the one lease it was made for.
 #[allow(async_fn_in_trait)] // one thread: no caller needs the futures to be Send
 pub trait Wakeups {
     /// Called before each acquisition attempt: subscribe when not subscribed
