@@ -47,6 +47,7 @@ mod strangers;
 mod systemd_unit;
 mod terminal;
 mod watch;
+mod watch_push;
 mod watchdog;
 mod will_not_heal;
 

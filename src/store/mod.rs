@@ -90,7 +90,7 @@ pub use once::{
 };
 use target::parse;
 pub use target::{choose, Origin, ResolveError, Target};
-pub use wake::{Subscription, Wakeups};
+pub use wake::{Heard, Subscription, Wakeups};
 
 /// `Some(open)` when the store's Cargo feature is built, else `None`.
 macro_rules! built {
@@ -231,10 +231,11 @@ pub(crate) trait Backend {
 
     fn capabilities(&self) -> Capabilities;
 
-    /// A subscription to "lease `name` was freed" on a connection of its
-    /// own (src/store/wake.rs), for stores whose capabilities say they push
-    /// wake-ups; `None` elsewhere. Connects to nothing until armed.
-    fn wakeups(&self, _name: &str) -> Option<Subscription> {
+    /// A subscription to "lease `name` was freed" (with [`Heard::Changes`],
+    /// "or taken") on a connection of its own (src/store/wake.rs), for
+    /// stores whose capabilities say they push wake-ups; `None` elsewhere.
+    /// Connects to nothing until armed.
+    fn wakeups(&self, _name: &str, _heard: Heard) -> Option<Subscription> {
         None
     }
 
@@ -388,7 +389,23 @@ impl Store {
 
     /// A subscription to "lease `name` was freed", where the store pushes.
     pub fn wakeups(&self, name: &str) -> Option<Subscription> {
-        each!(self, b => b.wakeups(name))
+        each!(self, b => b.wakeups(name, Heard::Releases))
+    }
+
+    /// `watch`'s subscription: "a slot of `name` below `slots` was freed or
+    /// taken", where the store pushes. One subscription per slot where a
+    /// store's names one lease (as [`Lock::wakeups`]).
+    pub fn watch_wakeups(&self, name: &str, slots: u32) -> Option<Subscription> {
+        if slots <= 1 || self.wakes_for_every_slot() {
+            return each!(self, b => b.wakeups(name, Heard::Changes));
+        }
+        let all: Option<Vec<Subscription>> = (0..slots)
+            .map(|i| {
+                let slot = crate::names::slot_name(name, i);
+                each!(self, b => b.wakeups(&slot, Heard::Changes))
+            })
+            .collect();
+        all.map(Subscription::Slots)
     }
 
     /// Whether the store keeps `--once-per`'s rule and record.

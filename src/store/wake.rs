@@ -1,5 +1,6 @@
 //! Push wake-ups: a hint that a lease was freed, so a waiting contender tries
-//! again at once instead of at its next poll.
+//! again at once instead of at its next poll (and, for `watch`, that it was
+//! taken, so the watcher reads at once: [`Heard`]).
 //!
 //! A wake-up decides nothing (docs/contract.md): the atomic acquire still
 //! does, and the poll every `P` stays as the fallback. So everything here may
@@ -8,7 +9,9 @@
 //! free and then stay silent, and it cannot: every store publishes in the
 //! same step as the release (a Postgres `NOTIFY` is delivered at commit, a
 //! Redis `PUBLISH` runs inside the release script) or after it (the embedded
-//! store touches a file once the transaction committed).
+//! store touches a file once the transaction committed). Acquisitions are
+//! published the same way, in the acquire's step or after its commit, so a
+//! watcher woken by one reads the lease taken.
 //!
 //! The elector subscribes ([`Wakeups::arm`]) *before* every acquisition
 //! attempt, so a release that lands after the attempt found the lease held
@@ -29,8 +32,21 @@ use super::redis;
 use super::zookeeper;
 use super::{sqlite, StoreError};
 
-/// A subscription to "lease NAME was freed", for the one lease it was made
-/// for.
+/// What wakes a subscription.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard {
+    /// The lease was freed: all a waiting contender acts on. It is never
+    /// woken by an acquisition, which would only make every waiter try (and
+    /// fail) once more each time the lease changes hands.
+    Releases,
+    /// The lease was freed or taken: what `watch` reports. Every store that
+    /// pushes a release also pushes an acquisition, in the same step as the
+    /// acquire or after its commit, never before.
+    Changes,
+}
+
+/// A subscription to "lease NAME was freed" (and, for `watch`, "taken":
+/// [`Heard`]), for the one lease it was made for.
 #[allow(async_fn_in_trait)] // one thread: no caller needs the futures to be Send
 pub trait Wakeups {
     /// Called before each acquisition attempt: subscribe when not subscribed

@@ -6,10 +6,11 @@
 //! leads runs under leaderrun, or asks `check`).
 //!
 //! Changes are found by comparing successive reads. With `--name`, on a
-//! store that pushes, the watcher subscribes to "this lease was freed"
-//! before every read (store/wake.rs), so a release is printed as soon as
-//! the push arrives; otherwise, and for acquisitions, it reads every
-//! `--retry`. No tenure is left out: every tenure seen held gets a line for
+//! store that pushes, the watcher subscribes to "this lease was freed or
+//! taken" before every read (store/wake.rs, `Heard::Changes`), so a release
+//! or an acquisition is printed as soon as the push arrives (a waiting
+//! contender hears of releases only); otherwise (MySQL, or no `--name`) it
+//! reads every `--retry`, which stays the fallback everywhere. No tenure is left out: every tenure seen held gets a line for
 //! its end, and epochs that began and ended between two reads (the epoch
 //! rises by one per acquisition) get an `unseen` line, or the end line the
 //! store still has the facts for (the last one's holder, where the store
@@ -343,7 +344,11 @@ pub async fn run(
     // Each call is bounded by the poll interval (and at least a second, so a
     // short --retry does not turn a slow store into an unreachable one).
     let call = retry.clamp(Duration::from_secs(1), Duration::from_secs(10));
-    let mut push: Option<Subscription> = name.as_deref().and_then(|n| store.wakeups(n));
+    // The slots followed (`--slots`): those seen, and the next one.
+    let mut followed: u32 = 1;
+    let mut push: Option<Subscription> = name
+        .as_deref()
+        .and_then(|n| store.watch_wakeups(n, followed));
     let printer = Printer { json };
     let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
     let mut runs = runs::Runs::default();
@@ -358,6 +363,7 @@ pub async fn run(
         };
         match read(store, name.as_deref(), call).await {
             Ok(leases) => {
+                let want = name.as_deref().map_or(1, |n| slots_to_follow(n, &leases));
                 if let Some(n) = failing.take() {
                     tracing::warn!(
                         event = "store_recovered",
@@ -376,6 +382,16 @@ pub async fn run(
                 first = false;
                 if !print(&lines) {
                     return Ok(Exit::Yes);
+                }
+                // More slots than subscribed to, on a store whose
+                // subscription names one lease: subscribe to every one and
+                // read again at once (arming first, as always, so nothing
+                // between this read and the next is lost). Only ever more:
+                // a slot is never forgotten by the store.
+                if want > followed && !store.wakes_for_every_slot() {
+                    followed = want;
+                    push = name.as_deref().and_then(|n| store.watch_wakeups(n, want));
+                    continue;
                 }
             }
             Err(e) if e.may_heal() => {
@@ -402,6 +418,30 @@ pub async fn run(
             }
         }
     }
+}
+
+/// How many slots of `name` to follow, from what a read found: the `--slots`
+/// N a live grant carries, every slot seen, and once there are slots the
+/// one above the highest seen too, so that the first acquisition of a slot
+/// is pushed as well (a `--slots` run takes the lowest free slot, so a new
+/// one is always the next).
+fn slots_to_follow(name: &str, leases: &[LeaseInfo]) -> u32 {
+    let ours = || {
+        leases
+            .iter()
+            .filter_map(|l| Some((crate::names::slot_of(&l.name, name)?, l)))
+    };
+    let seen = ours()
+        .map(|(i, _)| i)
+        .max()
+        .map_or(1, |top| top.saturating_add(1));
+    let told = ours().filter_map(|(_, l)| l.slots).max().unwrap_or(1);
+    let next = if seen > 1 {
+        seen.saturating_add(1)
+    } else {
+        seen
+    };
+    next.max(told).min(crate::names::MAX_SLOTS)
 }
 
 /// Subscribe, within `call`; `false` (poll only, this round) when it
@@ -491,6 +531,35 @@ mod tests {
 
     fn seen(l: LeaseInfo, at: Instant) -> Seen {
         Seen { info: l, at }
+    }
+
+    /// Every slot seen, and the next; a plain lease is one subscription.
+    #[test]
+    fn the_slots_followed_are_those_seen_and_the_next() {
+        let named = |n: &str| LeaseInfo {
+            name: n.into(),
+            ..LeaseInfo::default()
+        };
+        assert_eq!(slots_to_follow("n", &[]), 1);
+        assert_eq!(slots_to_follow("n", &[named("n")]), 1);
+        assert_eq!(slots_to_follow("n", &[named("n"), named("n#1")]), 3);
+        assert_eq!(slots_to_follow("n", &[named("n#3"), named("other")]), 5);
+        // A grant of `--slots 3`, alone so far: all three.
+        let slotted = LeaseInfo {
+            slots: Some(3),
+            ..named("n")
+        };
+        assert_eq!(slots_to_follow("n", &[slotted]), 3);
+        let elsewhere = LeaseInfo {
+            slots: Some(9),
+            ..named("other")
+        };
+        assert_eq!(slots_to_follow("n", &[named("n"), elsewhere]), 1);
+        let top = crate::names::slot_name("n", crate::names::MAX_SLOTS - 1);
+        assert_eq!(
+            slots_to_follow("n", &[named(&top)]),
+            crate::names::MAX_SLOTS
+        );
     }
 
     #[test]

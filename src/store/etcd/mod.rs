@@ -65,7 +65,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::session::{Connect, Session};
-use super::wake::Subscription;
+use super::wake::{Heard, Subscription};
 use super::{
     Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Period, Replication,
     RunRecord, Store, StoreError, Target, MAX_STORED,
@@ -330,11 +330,12 @@ impl Backend for EtcdStore {
         CAPABILITIES
     }
 
-    fn wakeups(&self, name: &str) -> Option<Subscription> {
+    fn wakeups(&self, name: &str, heard: Heard) -> Option<Subscription> {
         let cursor = Rc::new(self.s.c.cursor.detached());
         Some(Subscription::Etcd(wake::EtcdWakeups::new(
             Members::new(self.s.c.reach.clone(), cursor),
             name,
+            heard,
         )))
     }
 

@@ -1,4 +1,7 @@
-//! Push wake-ups for etcd: a `Watch` on the lease key, for deletions only.
+//! Push wake-ups for etcd: a `Watch` on the lease key, for deletions only
+//! (a waiting contender), or for every write of it (`watch`: an
+//! acquisition puts the key; renewals only keep its etcd lease alive and
+//! write nothing, so they stay off the wire either way).
 //!
 //! etcd deletes the key on every way a lease ends — release (a delete),
 //! `leaderrun release` (a delete), revocation and TTL expiry (the etcd
@@ -25,11 +28,15 @@ use super::api::{reply, WatchMessage};
 use super::http::{Conn, MAX_BODY};
 use super::members::{EtcdError, Members};
 use super::{b64, lease_key, StoreError};
-use crate::store::wake::Wakeups;
+use crate::store::wake::{Heard, Wakeups};
 
 enum Msg {
     Created,
     Deleted,
+    /// The key was written: an acquisition (or a `--min-hold` keep, which
+    /// moves the key to an etcd lease of its own). Only asked for with
+    /// [`Heard::Changes`].
+    Put,
 }
 
 pub struct EtcdWakeups {
@@ -37,15 +44,17 @@ pub struct EtcdWakeups {
     client: Members,
     /// The lease whose key is watched.
     name: String,
+    heard: Heard,
     rx: Option<mpsc::UnboundedReceiver<Msg>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl EtcdWakeups {
-    pub(super) fn new(client: Members, name: &str) -> EtcdWakeups {
+    pub(super) fn new(client: Members, name: &str, heard: Heard) -> EtcdWakeups {
         EtcdWakeups {
             client,
             name: name.to_string(),
+            heard,
             rx: None,
             task: None,
         }
@@ -62,9 +71,13 @@ impl EtcdWakeups {
         // A start abandoned by the elector's timer may have left its task
         // behind, waiting on a watch nobody reads.
         self.stop();
-        // NOPUT: only deletions are of interest; acquisitions and
-        // renewals of the key stay off the wire.
-        let body = json!({"create_request": {"key": b64(&lease_key(name)), "filters": ["NOPUT"]}});
+        // NOPUT: a waiting contender wants deletions only; acquisitions
+        // stay off its wire. `watch` wants both.
+        let key = b64(&lease_key(name));
+        let body = match self.heard {
+            Heard::Releases => json!({"create_request": {"key": key, "filters": ["NOPUT"]}}),
+            Heard::Changes => json!({"create_request": {"key": key}}),
+        };
         let conn = self.client.stream("/v3/watch", &body).await?;
         let (tx, mut rx) = mpsc::unbounded_channel();
         self.task = Some(tokio::spawn(async move {
@@ -125,7 +138,8 @@ impl Wakeups for EtcdWakeups {
             };
             match rx.recv().await {
                 Some(Msg::Deleted) => return Ok(()),
-                Some(Msg::Created) => {}
+                Some(Msg::Put) if self.heard == Heard::Changes => return Ok(()),
+                Some(Msg::Created | Msg::Put) => {}
                 None => {
                     self.stop();
                     return Err(StoreError::unavailable("the watch ended"));
@@ -164,7 +178,7 @@ async fn pump(mut conn: Conn, tx: mpsc::UnboundedSender<Msg>) -> std::io::Result
     Ok(())
 }
 
-/// What one watch message says: created, deletions, or (an error, a
+/// What one watch message says: created, deletions, writes, or (an error, a
 /// cancelled watch, a message that is not one) the end of the stream.
 fn meaning(mut v: Value) -> std::io::Result<Vec<Msg>> {
     let end = |m: &str| std::io::Error::other(m.to_string());
@@ -185,6 +199,14 @@ fn meaning(mut v: Value) -> std::io::Result<Vec<Msg>> {
     if r.events.iter().any(|e| e.kind == "DELETE") {
         out.push(Msg::Deleted);
     }
+    // A put is the type left out (the enum's zero); the gateway may also
+    // spell it.
+    if r.events
+        .iter()
+        .any(|e| e.kind.is_empty() || e.kind == "PUT")
+    {
+        out.push(Msg::Put);
+    }
     Ok(out)
 }
 
@@ -193,13 +215,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn messages_are_read_for_creation_and_deletions_only() {
+    fn messages_are_read_for_creation_deletions_and_writes() {
         let created = json!({"result": {"header": {"revision": "5"}, "created": true}});
         assert!(matches!(meaning(created).unwrap()[..], [Msg::Created]));
         let deleted = json!({"result": {"events": [{"type": "DELETE", "kv": {"key": "eA=="}}]}});
         assert!(matches!(meaning(deleted).unwrap()[..], [Msg::Deleted]));
         let put = json!({"result": {"events": [{"kv": {"key": "eA=="}}]}});
-        assert!(meaning(put).unwrap().is_empty());
+        assert!(matches!(meaning(put).unwrap()[..], [Msg::Put]));
+        assert!(meaning(json!({"result": {"events": []}}))
+            .unwrap()
+            .is_empty());
         assert!(meaning(json!({"result": {"canceled": true}})).is_err());
         assert!(meaning(json!({"error": {"code": 14}})).is_err());
         assert!(meaning(json!({"result": {"created": "yes"}})).is_err());

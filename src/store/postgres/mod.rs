@@ -60,7 +60,7 @@ use self::url::{parse_url, Attrs, Host};
 use self::wake::HostsWakeups;
 use super::session::{Connect, Session};
 use super::sql::{self, lease_info, millis};
-use super::wake::Subscription;
+use super::wake::{Heard, Subscription};
 use super::{
     Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Period, Replication,
     RunRecord, Schema, Store, StoreError, Target,
@@ -615,10 +615,10 @@ impl Backend for PgStore {
         }
     }
 
-    fn wakeups(&self, name: &str) -> Option<Subscription> {
+    fn wakeups(&self, name: &str, heard: Heard) -> Option<Subscription> {
         let hosts: Vec<PgConnectOptions> = self.s.c.hosts.iter().map(|h| h.opts.clone()).collect();
         Some(Subscription::Postgres(Box::new(HostsWakeups::new(
-            hosts, name,
+            hosts, name, heard,
         )?)))
     }
 

@@ -125,27 +125,45 @@ pub(super) fn acquire_sql(
        FROM t
       WHERE l.name = {name} AND l.holder IS NOT NULL AND l.timeline IS DISTINCT FROM t.tl
      RETURNING 'adopted'::text, l.epoch;
-     WITH t AS (SELECT {TIMELINE} AS tl)
-     INSERT INTO leader_lease AS l (name, holder, epoch, expires_at, timeline)
+     {}",
+            taking(&format!(
+                "INSERT INTO leader_lease AS l (name, holder, epoch, expires_at, timeline)
      SELECT {name}, {holder}, (t.tl - 1) * 4294967296 + 1, {end}, t.tl FROM t
      ON CONFLICT (name) DO UPDATE
         SET holder = EXCLUDED.holder, epoch = greatest(l.epoch + 1, EXCLUDED.epoch),
             expires_at = EXCLUDED.expires_at, timeline = EXCLUDED.timeline
       WHERE l.holder IS NULL
-         OR (l.expires_at <= now() AND l.timeline IS NOT DISTINCT FROM EXCLUDED.timeline)
-     RETURNING 'taken'::text, l.epoch, {SYNC_COLUMNS}"
+         OR (l.expires_at <= now() AND l.timeline IS NOT DISTINCT FROM EXCLUDED.timeline)"
+            ))
         ),
-        Columns::Legacy => format!(
-            "WITH t AS (SELECT {TIMELINE} AS tl)
-     INSERT INTO leader_lease AS l (name, holder, epoch, expires_at)
+        Columns::Legacy => taking(&format!(
+            "INSERT INTO leader_lease AS l (name, holder, epoch, expires_at)
      SELECT {name}, {holder}, (t.tl - 1) * 4294967296 + 1, {end} FROM t
      ON CONFLICT (name) DO UPDATE
         SET holder = EXCLUDED.holder, epoch = greatest(l.epoch + 1, EXCLUDED.epoch),
             expires_at = EXCLUDED.expires_at
-      WHERE l.holder IS NULL OR l.expires_at <= now()
-     RETURNING 'taken'::text, l.epoch, {SYNC_COLUMNS}"
-        ),
+      WHERE l.holder IS NULL OR l.expires_at <= now()"
+        )),
     })
+}
+
+/// The taking statement around `insert` (an `INSERT … ON CONFLICT … DO
+/// UPDATE … WHERE`, reading the timeline from `t`): it answers `'taken'`,
+/// the epoch and [`SYNC_COLUMNS`] for a lease it took, nothing otherwise,
+/// and notifies `watch` (wake.rs, `PG_ACQUIRED_CHANNEL`) of what it took
+/// in the same statement, so the `NOTIFY` is delivered at the commit that
+/// takes the lease, never before it and never without it. (A `SELECT` in a
+/// `WITH` runs only when it is used: the final join makes it run, once per
+/// lease taken, as in [`release_sql`].)
+fn taking(insert: &str) -> String {
+    format!(
+        "WITH t AS (SELECT {TIMELINE} AS tl),
+     a AS ({insert}
+     RETURNING l.name, l.epoch),
+     n AS (SELECT pg_notify('{}', name) FROM a)
+     SELECT 'taken'::text, a.epoch, {SYNC_COLUMNS} FROM a CROSS JOIN (SELECT count(*) FROM n) notified",
+        super::wake::PG_ACQUIRED_CHANNEL
+    )
 }
 
 /// A period's window: `half` milliseconds.
@@ -209,14 +227,8 @@ pub(super) fn acquire_once_sql(
         )
     };
     let (readable_l, readable_row) = (readable("l."), readable(""));
-    Ok(format!(
-        "WITH t AS (SELECT {TIMELINE} AS tl)
-     UPDATE leader_lease l SET expires_at = greatest(l.expires_at, {end}), timeline = t.tl
-       FROM t
-      WHERE l.name = {name} AND l.holder IS NOT NULL AND l.timeline IS DISTINCT FROM t.tl
-     RETURNING 'adopted'::text, l.epoch;
-     WITH t AS (SELECT {TIMELINE} AS tl)
-     INSERT INTO leader_lease AS l (name, holder, epoch, expires_at, timeline,
+    let taken = taking(&format!(
+        "INSERT INTO leader_lease AS l (name, holder, epoch, expires_at, timeline,
                                     run_started_at, run_ended_at, run_holder, run_epoch, run_outcome)
      SELECT {name}, {holder}, (t.tl - 1) * 4294967296 + 1, {end}, t.tl,
             now(), NULL, {holder}, (t.tl - 1) * 4294967296 + 1, NULL FROM t
@@ -230,8 +242,15 @@ pub(super) fn acquire_once_sql(
         AND {readable_l}
         AND (l.run_started_at IS NULL OR l.run_started_at <= now() - {window}
              OR l.run_outcome IS NOT DISTINCT FROM {not_started}
-             OR ({retry} AND l.run_outcome IS DISTINCT FROM {succeeded}))
-     RETURNING 'taken'::text, l.epoch, {SYNC_COLUMNS};
+             OR ({retry} AND l.run_outcome IS DISTINCT FROM {succeeded}))"
+    ));
+    Ok(format!(
+        "WITH t AS (SELECT {TIMELINE} AS tl)
+     UPDATE leader_lease l SET expires_at = greatest(l.expires_at, {end}), timeline = t.tl
+       FROM t
+      WHERE l.name = {name} AND l.holder IS NOT NULL AND l.timeline IS DISTINCT FROM t.tl
+     RETURNING 'adopted'::text, l.epoch;
+     {taken};
      SELECT CASE WHEN {readable_row} THEN 'done' ELSE 'unreadable' END,
             greatest(0, least(extract(epoch FROM now() - {started}) * 1000, {MAX_MS}))::bigint,
             run_outcome
@@ -551,6 +570,23 @@ mod tests {
                 .contains(&notify));
         }
         assert!(clear_sql("n", None).unwrap().contains(&notify));
+    }
+
+    /// `watch` listens for acquisitions on the channel every statement
+    /// that takes a lease notifies.
+    #[test]
+    fn acquires_notify_the_channel_watchers_listen_on() {
+        let notify = format!(
+            "pg_notify('{}', name)",
+            super::super::wake::PG_ACQUIRED_CHANNEL
+        );
+        let p = crate::store::Period::new(std::time::Duration::from_millis(500));
+        for cols in [Columns::WithTimeline, Columns::Legacy] {
+            assert!(acquire_sql("n", "h", 1, cols).unwrap().contains(&notify));
+        }
+        assert!(acquire_once_sql("n", "h", 1, p, Columns::WithTimeline)
+            .unwrap()
+            .contains(&notify));
     }
 
     /// The statements for a table made by an older release never name the

@@ -1,9 +1,9 @@
-//! Push wake-ups on Postgres: `LISTEN` on one fixed channel, the lease name
-//! as the payload.
+//! Push wake-ups on Postgres: `LISTEN` on one fixed channel (two for
+//! `watch`), the lease name as the payload.
 
 use sqlx::postgres::PgConnectOptions;
 
-use crate::store::wake::Wakeups;
+use crate::store::wake::{Heard, Wakeups};
 use crate::store::StoreError;
 
 /// The one channel every release and clear notifies. One fixed channel, not
@@ -13,10 +13,25 @@ use crate::store::StoreError;
 /// 8000 bytes) carries the whole name.
 pub const PG_CHANNEL: &str = "leaderrun_released";
 
+/// The channel every acquisition notifies, for `watch` alone: a waiting
+/// contender does not listen on it (an acquisition is nothing it can act
+/// on). Fixed, as [`PG_CHANNEL`], and named in the acquire statements.
+pub const PG_ACQUIRED_CHANNEL: &str = "leaderrun_acquired";
+
+/// The channels a subscription listens on.
+fn channels(heard: Heard) -> &'static [&'static str] {
+    match heard {
+        Heard::Releases => &[PG_CHANNEL],
+        Heard::Changes => &[PG_CHANNEL, PG_ACQUIRED_CHANNEL],
+    }
+}
+
 pub struct PgWakeups {
     opts: sqlx::postgres::PgConnectOptions,
     /// The lease whose release wakes us (the notification's payload).
     name: String,
+    /// The channels listened on ([`channels`]).
+    channels: &'static [&'static str],
     listener: Option<sqlx::postgres::PgListener>,
     /// The server process the `LISTEN` was made on.
     backend: i32,
@@ -27,10 +42,15 @@ pub struct PgWakeups {
 }
 
 impl PgWakeups {
-    pub(crate) fn new(opts: sqlx::postgres::PgConnectOptions, name: String) -> PgWakeups {
+    pub(crate) fn new(
+        opts: sqlx::postgres::PgConnectOptions,
+        name: String,
+        heard: Heard,
+    ) -> PgWakeups {
         PgWakeups {
             opts,
             name,
+            channels: channels(heard),
             listener: None,
             backend: 0,
             pooled: false,
@@ -61,20 +81,29 @@ pub(super) async fn listener_rows(
 }
 
 /// The server process now serving the listener, and whether it listens on
-/// the channel. With `backend`, that server process (and no other) is first
-/// made to `LISTEN` (a no-op when it already does): every statement the
-/// listener sends after its first names the channel, so an operator
-/// looking for the waiters' connections in `pg_stat_activity` finds them.
+/// every one of `chans`. With `backend`, that server process (and no other)
+/// is first made to `LISTEN` (a no-op when it already does): every
+/// statement the listener sends after its first names the channels, so an
+/// operator looking for the waiters' connections in `pg_stat_activity`
+/// finds them.
 pub(super) async fn serving(
     l: &mut sqlx::postgres::PgListener,
     backend: Option<i32>,
+    chans: &[&str],
 ) -> Result<(i32, bool), StoreError> {
     let listen = backend.map_or(String::new(), |b| {
-        format!("DO $$BEGIN IF pg_backend_pid() = {b} THEN LISTEN {PG_CHANNEL}; END IF; END$$; ")
+        let each: String = chans.iter().map(|c| format!("LISTEN {c}; ")).collect();
+        format!("DO $$BEGIN IF pg_backend_pid() = {b} THEN {each}END IF; END$$; ")
     });
+    let names = chans
+        .iter()
+        .map(|c| format!("'{c}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let q = format!(
-        "{listen}SELECT pg_backend_pid(), EXISTS (SELECT FROM pg_listening_channels() c \
-         WHERE c = '{PG_CHANNEL}')"
+        "{listen}SELECT pg_backend_pid(), (SELECT count(DISTINCT c) FROM pg_listening_channels() c \
+         WHERE c IN ({names})) = {}",
+        chans.len()
     );
     let rows = listener_rows(l, &q).await?;
     let row = rows
@@ -114,10 +143,11 @@ impl PgWakeups {
         let mut l = sqlx::postgres::PgListener::connect_with(&pool)
             .await
             .map_err(|e| pg_err("cannot LISTEN", e))?;
-        let (backend, _) = serving(&mut l, None).await?;
+        let chans = self.channels;
+        let (backend, _) = serving(&mut l, None, chans).await?;
         // A LISTEN takes effect at commit: the statement after it sees it.
-        serving(&mut l, Some(backend)).await?;
-        if serving(&mut l, Some(backend)).await? != (backend, true) {
+        serving(&mut l, Some(backend), chans).await?;
+        if serving(&mut l, Some(backend), chans).await? != (backend, true) {
             self.give_up(l).await;
             return Err(StoreError::unavailable(POOLED));
         }
@@ -143,7 +173,7 @@ impl Wakeups for PgWakeups {
         }
         match self.listener.as_mut() {
             None => self.subscribe().await?,
-            Some(l) => match serving(l, Some(self.backend)).await {
+            Some(l) => match serving(l, Some(self.backend), self.channels).await {
                 Ok(now) if now == (self.backend, true) => {}
                 Ok(_) => {
                     if let Some(l) = self.listener.take() {
@@ -171,7 +201,8 @@ impl Wakeups for PgWakeups {
                 return Err(StoreError::unavailable("not listening"));
             };
             match l.try_recv().await {
-                // Any slot of the name (`--slots`; see FileWakeups).
+                // Any slot of the name (`--slots`; see FileWakeups), on
+                // any channel listened on.
                 Ok(Some(n)) if crate::names::slot_of(n.payload(), name).is_some() => return Ok(()),
                 Ok(Some(_)) => {}
                 // The listener would reconnect by itself on the next
@@ -198,17 +229,23 @@ impl Wakeups for PgWakeups {
 pub struct HostsWakeups {
     hosts: Vec<PgConnectOptions>,
     at: usize,
+    heard: Heard,
     inner: PgWakeups,
 }
 
 impl HostsWakeups {
     /// `None` for an empty list.
-    pub(super) fn new(hosts: Vec<PgConnectOptions>, name: &str) -> Option<HostsWakeups> {
+    pub(super) fn new(
+        hosts: Vec<PgConnectOptions>,
+        name: &str,
+        heard: Heard,
+    ) -> Option<HostsWakeups> {
         let first = hosts.first()?.clone();
         Some(HostsWakeups {
             hosts,
             at: 0,
-            inner: PgWakeups::new(first, name.to_string()),
+            heard,
+            inner: PgWakeups::new(first, name.to_string(), heard),
         })
     }
 }
@@ -219,7 +256,7 @@ impl Wakeups for HostsWakeups {
         if r.is_err() && self.hosts.len() > 1 {
             self.at = (self.at + 1) % self.hosts.len();
             let name = std::mem::take(&mut self.inner.name);
-            self.inner = PgWakeups::new(self.hosts[self.at].clone(), name);
+            self.inner = PgWakeups::new(self.hosts[self.at].clone(), name, self.heard);
         }
         r
     }

@@ -40,7 +40,8 @@
 //! channel (`{leaderrun:NAME}:released`) in the same script as the `DEL`,
 //! so a subscriber can never hear of a release before the lease is free. A
 //! waiting contender `SUBSCRIBE`s on a connection of its own before each
-//! attempt (wake.rs). An expiry publishes nothing (keyspace
+//! attempt (wake.rs). The acquire scripts likewise `PUBLISH` on
+//! `{leaderrun:NAME}:acquired` with the `SET`, for `watch` alone. An expiry publishes nothing (keyspace
 //! notifications are off by default and not ours to switch on); a waiter
 //! schedules its next attempt for the expiry instead.
 //!
@@ -67,10 +68,10 @@ use self::scripts::*;
 use self::server::{replication_of, risks, Server};
 use self::url::replicas_param;
 use self::wait::{confirm, reserve, wait_ms};
-use self::wake::{redis_channel, RedisWakeups};
+use self::wake::{redis_acquired_channel, redis_channel, RedisWakeups};
 use super::session::Session;
 use super::sql::millis;
-use super::wake::Subscription;
+use super::wake::{Heard, Subscription};
 use super::{
     Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Period, Replication,
     RunRecord, Store, StoreError, Target, NOT_STARTED,
@@ -288,7 +289,9 @@ impl RedisStore {
             }
             None => &ACQUIRE,
         };
-        // The values key and the values go last (scripts.rs).
+        // The acquired channel, then the values key and the values go last
+        // (scripts.rs).
+        args.push(redis_acquired_channel(name));
         keys.push(value_key(name));
         args.push(crate::store::lease::values_suffix(
             key.advertise.as_deref(),
@@ -701,10 +704,11 @@ impl Backend for RedisStore {
         }
     }
 
-    fn wakeups(&self, name: &str) -> Option<Subscription> {
+    fn wakeups(&self, name: &str, heard: Heard) -> Option<Subscription> {
         Some(Subscription::Redis(RedisWakeups::new(
             self.s.c.client.clone(),
             name,
+            heard,
         )))
     }
 

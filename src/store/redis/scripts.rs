@@ -35,6 +35,18 @@ end
     };
 }
 
+/// After a take, last (`e` the new epoch): `watch` is told on the lease's
+/// acquired channel, `ARGV[#ARGV - 1]` (just before the values; '' to tell
+/// nobody), in the same script as the `SET`, so no subscriber hears of it
+/// before the lease is taken. Waiting contenders do not subscribe to it.
+macro_rules! taken_publish {
+    () => {
+        r"
+if ARGV[#ARGV - 1] ~= '' then redis.call('PUBLISH', ARGV[#ARGV - 1], '') end
+"
+    };
+}
+
 /// After a release that matched (`ARGV[1]` `EPOCH:HOLDER`, `ARGV[2]` keep
 /// ms): kept, the tenure is marked ended with its values; freed, they go.
 macro_rules! released_values {
@@ -56,7 +68,8 @@ end
 }
 
 /// `KEYS[1]` lease, `KEYS[2]` epoch, `KEYS[3]` values; `ARGV[1]` holder,
-/// `ARGV[2]` lease ms, `ARGV[3]` the advertised value ('' for none).
+/// `ARGV[2]` lease ms, `ARGV[3]` the acquired channel, `ARGV[4]` the
+/// values ('' for none).
 /// Returns nil when the lease is held; otherwise the new epoch and what the
 /// server that took it says about itself (`INFO server`, `replication`,
 /// `persistence`), read in the same atomic step: the identity recorded is
@@ -68,6 +81,7 @@ local e = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], e .. ':' .. ARGV[1], 'PX', ARGV[2])
 ",
     taken_values!(),
+    taken_publish!(),
     r"
 return {e, redis.call('INFO', 'server'), redis.call('INFO', 'replication'),
   redis.call('INFO', 'persistence')}
@@ -91,7 +105,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 /// last; `ARGV[1]`
 /// holder, `ARGV[2]` lease ms, `ARGV[3]` half period ms, `ARGV[4]` `1`
 /// for `--retry-failed`, `ARGV[5]` how far ahead of `TIME` a start may be
-/// (ms), the advertised value last. There is no clock to compare a stored start with but Redis's own
+/// (ms), `ARGV[6]` the acquired channel, the values last. There is no clock to compare a stored start with but Redis's own
 /// expiry, so "a run started less than half a period ago" *is* the period
 /// key, which the taking script writes `PX half` beside the lease
 /// (`START_MS:EPOCH`). Returns `{'done', ms since that start}` while it
@@ -145,6 +159,7 @@ redis.call('DEL', KEYS[4])
 redis.call('HSET', KEYS[4], 'started', string.format('%d', now), 'holder', ARGV[1], 'epoch', e)
 "#,
     taken_values!(),
+    taken_publish!(),
     r"
 return {e, redis.call('INFO', 'server'), redis.call('INFO', 'replication'),
   redis.call('INFO', 'persistence')}

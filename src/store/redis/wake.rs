@@ -1,9 +1,10 @@
 //! Push wake-ups on Redis: `SUBSCRIBE` to a channel per lease, published by
-//! the release and clear scripts.
+//! the release and clear scripts (and for `watch`, a second one, published
+//! by the acquire scripts).
 
 use std::pin::Pin;
 
-use crate::store::wake::Wakeups;
+use crate::store::wake::{Heard, Wakeups};
 use crate::store::StoreError;
 
 /// The channel the release and clear scripts publish on for `name`. One
@@ -13,18 +14,30 @@ pub fn redis_channel(name: &str) -> String {
     format!("{{leaderrun:{name}}}:released")
 }
 
+/// The channel the acquire scripts publish on for `name`, in the same hash
+/// tag (and so under the same ACL pattern, `&{leaderrun:*`). Only `watch`
+/// subscribes to it.
+pub fn redis_acquired_channel(name: &str) -> String {
+    format!("{{leaderrun:{name}}}:acquired")
+}
+
 pub struct RedisWakeups {
     client: ::redis::Client,
-    /// The lease's channel ([`redis_channel`]).
-    channel: String,
+    /// The lease's channels ([`redis_channel`], and for `watch`
+    /// [`redis_acquired_channel`]).
+    channels: Vec<String>,
     sub: Option<::redis::aio::PubSub>,
 }
 
 impl RedisWakeups {
-    pub(crate) fn new(client: ::redis::Client, name: &str) -> RedisWakeups {
+    pub(crate) fn new(client: ::redis::Client, name: &str, heard: Heard) -> RedisWakeups {
+        let mut channels = vec![redis_channel(name)];
+        if heard == Heard::Changes {
+            channels.push(redis_acquired_channel(name));
+        }
         RedisWakeups {
             client,
-            channel: redis_channel(name),
+            channels,
             sub: None,
         }
     }
@@ -36,7 +49,9 @@ impl Wakeups for RedisWakeups {
             |e: ::redis::RedisError| StoreError::unavailable(format!("cannot SUBSCRIBE: {e}"));
         if self.sub.is_none() {
             let mut s = self.client.get_async_pubsub().await.map_err(err)?;
-            s.subscribe(&self.channel).await.map_err(err)?;
+            for c in &self.channels {
+                s.subscribe(c).await.map_err(err)?;
+            }
             self.sub = Some(s);
         }
         // Drain what already arrived: the attempt that follows sees it.
@@ -75,7 +90,7 @@ impl Wakeups for RedisWakeups {
                 .is_some()
         };
         if got {
-            // Only this lease's channel is subscribed.
+            // Only this lease's channels are subscribed.
             Ok(())
         } else {
             self.sub = None;

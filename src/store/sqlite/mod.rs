@@ -87,10 +87,10 @@ pub use self::path::{default_path, lease_dir, lease_file};
 use self::statements::*;
 pub use self::statements::{MOVED, SCHEMA, TABLE_SQL};
 
-use self::wake::{touch, FileWakeups};
+use self::wake::{touch, touch_taken, FileWakeups};
 use super::session::{Connect, Session};
 use super::sql::{self, lease_info, millis, Dialect};
-use super::wake::Subscription;
+use super::wake::{Heard, Subscription};
 use super::{
     Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Period, ResolveError,
     RunRecord, Schema, Store, StoreError, Target,
@@ -931,7 +931,12 @@ impl SqliteStore {
             self.commit(file.clone(), conn, what).await?;
             got.map_err(|why| crate::store::unreadable(&self.legacy.c.shown(), &key.name, &why))
         };
-        bounded(&shown, timeout, work).await
+        let got = bounded(&shown, timeout, work).await?;
+        // After the commit: a watcher woken now finds the lease taken.
+        if let Acquired::Taken(_) = got {
+            touch_taken(&self.legacy.c.path, &key.name);
+        }
+        Ok(got)
     }
 
     /// Release (`RELEASE_SQL`), or with `ending` also write the run
@@ -1075,10 +1080,11 @@ impl Backend for SqliteStore {
         }
     }
 
-    fn wakeups(&self, name: &str) -> Option<Subscription> {
+    fn wakeups(&self, name: &str, heard: Heard) -> Option<Subscription> {
         Some(Subscription::Sqlite(FileWakeups::new(
             self.legacy.c.path.clone(),
             name,
+            heard,
         )))
     }
 

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::store::wake::Wakeups;
+use crate::store::wake::{Heard, Wakeups};
 use crate::store::StoreError;
 
 /// Why inotify on a file touched after the release, and not a `flock` the
@@ -31,14 +31,30 @@ pub fn wake_dir(db: &Path) -> PathBuf {
 /// Renaming needs only the directory to be writable, whoever created the
 /// file before. Best effort: a waiter that misses it polls.
 pub fn touch(db: &Path, name: &str) {
+    touch_file(db, name);
+}
+
+/// What an acquisition's file is named: the lease's name after
+/// [`TAKEN`]. No lease name starts with `+`, so it is never a release's.
+pub const TAKEN: &str = "+";
+
+/// Tell watchers on this host that `name` was taken, once the acquire
+/// committed: the file `+NAME`, renamed into place as a release's. Only
+/// `watch` listens for it ([`Heard::Changes`]); a waiting contender's
+/// subscription skips it.
+pub fn touch_taken(db: &Path, name: &str) {
+    touch_file(db, &format!("{TAKEN}{name}"));
+}
+
+fn touch_file(db: &Path, file: &str) {
     let dir = wake_dir(db);
     let attempt = || -> std::io::Result<()> {
         if !dir.is_dir() {
             make_dir(db, &dir)?;
         }
-        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        let tmp = dir.join(format!(".{file}.{}", std::process::id()));
         std::fs::write(&tmp, b"")?;
-        std::fs::rename(&tmp, dir.join(name))
+        std::fs::rename(&tmp, dir.join(file))
     };
     if let Err(e) = attempt() {
         tracing::debug!(
@@ -76,14 +92,17 @@ pub struct FileWakeups {
     db: PathBuf,
     /// The lease whose file is watched for.
     name: String,
+    /// Whether its acquisitions' files wake too (`watch`).
+    heard: Heard,
     fd: Option<tokio::io::unix::AsyncFd<Ino>>,
 }
 
 impl FileWakeups {
-    pub(crate) fn new(db: PathBuf, name: &str) -> FileWakeups {
+    pub(crate) fn new(db: PathBuf, name: &str, heard: Heard) -> FileWakeups {
         FileWakeups {
             db,
             name: name.to_string(),
+            heard,
             fd: None,
         }
     }
@@ -111,8 +130,12 @@ impl FileWakeups {
                         // Any slot of the name (`--slots`): a waiter
                         // takes whichever is freed. For a plain waiter, a
                         // slot's release is a wake-up for nothing.
-                        let freed = ev.name.as_deref().and_then(|n| n.to_str());
-                        if freed.is_some_and(|n| crate::names::slot_of(n, &self.name).is_some()) {
+                        let file = ev.name.as_deref().and_then(|n| n.to_str());
+                        let lease = file.and_then(|f| match f.strip_prefix(TAKEN) {
+                            Some(taken) => (self.heard == Heard::Changes).then_some(taken),
+                            None => Some(f),
+                        });
+                        if lease.is_some_and(|n| crate::names::slot_of(n, &self.name).is_some()) {
                             woken = true;
                         }
                     }

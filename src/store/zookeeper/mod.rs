@@ -53,7 +53,7 @@
 use std::time::Duration;
 
 use super::session::{Connect, Session};
-use super::wake::Subscription;
+use super::wake::{Heard, Subscription};
 use super::{
     Acquired, Backend, Capabilities, Init, LeaseInfo, LeaseKey, Outcome, Replication, RunRecord,
     Store, StoreError, Target, UrlError,
@@ -360,11 +360,12 @@ impl Backend for ZkStore {
         CAPABILITIES
     }
 
-    fn wakeups(&self, name: &str) -> Option<Subscription> {
+    fn wakeups(&self, name: &str, heard: Heard) -> Option<Subscription> {
         let path = Paths::new(&self.root, name).lease;
         Some(Subscription::ZooKeeper(wake::ZkWakeups::new(
             self.s.c.detached(),
             path,
+            heard,
         )))
     }
 

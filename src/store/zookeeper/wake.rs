@@ -2,13 +2,16 @@
 //! its own.
 //!
 //! `exists(lease, watch)` leaves a one-time watch that fires when the node
-//! is deleted (a release, a clear, the holder's session expiring) or, when
-//! it did not exist, created; a creation only re-arms the watch. The
+//! is deleted (a release, a clear, the holder's session expiring), when its
+//! data is written (every renewal rewrites it) or, when it did not exist,
+//! created. A deletion wakes; so does a creation for `watch` (an
+//! acquisition); anything else only sets the watch again, since the one
+//! that fired is used up: left unset after a renewal, a waiter slept
+//! through every later release until its next attempt. The
 //! session is separate from the lease loop's (a reopened session closes
 //! its other connections), and is kept alive with pings while `wake` is
 //! awaited; when it lapses in between (while this process led), the next
 //! `arm` makes a new one.
-
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -17,7 +20,7 @@ use super::conn::{Conn, Res, ZkError};
 use super::ensemble::Ensemble;
 use super::proto::{NODE_CREATED, NODE_DELETED};
 use crate::store::session::Connect;
-use crate::store::wake::Wakeups;
+use crate::store::wake::{Heard, Wakeups};
 use crate::store::StoreError;
 
 /// How long `arm` may take to connect.
@@ -26,6 +29,7 @@ const CONNECT: Duration = Duration::from_secs(2);
 pub struct ZkWakeups {
     ensemble: Ensemble,
     path: String,
+    heard: Heard,
     conn: Option<Conn>,
     /// A request was under way when its future was dropped: the
     /// connection may hold half a frame, so it is not used again.
@@ -33,24 +37,25 @@ pub struct ZkWakeups {
 }
 
 impl ZkWakeups {
-    pub(super) fn new(ensemble: Ensemble, path: String) -> ZkWakeups {
+    pub(super) fn new(ensemble: Ensemble, path: String, heard: Heard) -> ZkWakeups {
         ZkWakeups {
             ensemble,
             path,
+            heard,
             conn: None,
             busy: false,
         }
     }
 
-    /// Watch the lease node on the current connection.
-    async fn watch(&mut self) -> Res<()> {
+    /// Watch the lease node on the current connection; whether it exists.
+    async fn watch(&mut self) -> Res<bool> {
         let Some(c) = self.conn.as_mut() else {
             return Err(ZkError::Expired);
         };
         self.busy = true;
-        c.exists(&self.path, true).await?;
+        let there = c.exists(&self.path, true).await?;
         self.busy = false;
-        Ok(())
+        Ok(there)
     }
 
     fn lost(&mut self, e: impl std::fmt::Display) -> StoreError {
@@ -81,7 +86,7 @@ impl Wakeups for ZkWakeups {
             .await
             .map_err(|_| StoreError::unavailable("the watch connection timed out"))??;
         self.conn = Some(c);
-        self.watch().await.map_err(|e| self.lost(e))
+        self.watch().await.map(|_| ()).map_err(|e| self.lost(e))
     }
 
     async fn wake(&mut self) -> Result<(), StoreError> {
@@ -94,8 +99,12 @@ impl Wakeups for ZkWakeups {
                 if kind == NODE_DELETED {
                     return Ok(());
                 }
-                if kind == NODE_CREATED {
-                    self.watch().await.map_err(|e| self.lost(e))?;
+                // A creation, or a renewal's rewrite of the node: the watch
+                // fired and is gone. Set again at once; a node gone by then
+                // was freed in between, which the new watch will not tell.
+                let there = self.watch().await.map_err(|e| self.lost(e))?;
+                if !there || (kind == NODE_CREATED && self.heard == Heard::Changes) {
+                    return Ok(());
                 }
                 continue;
             }
