@@ -188,6 +188,28 @@ impl Zk {
     pub fn port(&self) -> u16 {
         self.member.port
     }
+
+    /// kill -9 (see [`Member::kill`]).
+    pub fn crash(&mut self) {
+        self.member.kill();
+    }
+
+    /// Start again after [`Zk::crash`], on the same port and data; returns
+    /// once it serves.
+    pub fn boot(&mut self) {
+        for _ in 0..5 {
+            if self.member.spawn(Duration::from_secs(30)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("could not restart the throwaway ZooKeeper");
+    }
+
+    /// SIGSTOP (or SIGCONT) the server.
+    pub fn freeze(&mut self, frozen: bool) {
+        self.member.freeze(frozen);
+    }
 }
 
 /// A throwaway ensemble of three voting members on 127.0.0.1, each with
