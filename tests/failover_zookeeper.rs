@@ -369,7 +369,23 @@ fn a_frozen_follower_listed_first_costs_at_most_one_lease() {
         rig.spawn(i);
     }
     let new_lead = rig.until_a_command_starts(before, LEASE * 3);
-    rig.idle(Duration::from_secs(1));
+    // The new waiter's watch session starts at the first server listed,
+    // the frozen one: its first subscription is abandoned there (after
+    // min(R/2, P) = 0.5 s), and the next must go to another member, so by
+    // its third poll it is subscribed ("push wake-ups work again").
+    rig.idle(RETRY * 3);
+    let runs = checker::parse(&read_or_empty(&rig.log));
+    let leader = runs.last().expect("a run").who.clone();
+    let index = |who: &str| -> usize { who[1..who.find('g').expect("cNgM")].parse().expect("N") };
+    let waiter = rig.who(1 - index(&leader));
+    if let Some(p) = &rig.contenders[index(&leader)].proc {
+        signal(p.id(), Signal::SIGTERM);
+    }
+    let handover = rig.until_a_command_starts(runs.len(), LEASE);
+    let subscribed = rig.count_in_log(&waiter, "push wake-ups work again");
+    // Informational: whether the release itself woke it (a renewal's
+    // rewrite of the lease node may have used up the watch: wake.rs).
+    let woken = rig.count_in_log(&waiter, "the lease was released; trying now");
     rig.zk.freeze(f, false);
     let heal = boot_ns();
     rig.idle(Duration::from_secs(1));
@@ -381,13 +397,25 @@ fn a_frozen_follower_listed_first_costs_at_most_one_lease() {
         "frozen follower listed first ({:.0} ms): longest time without a running command \
          {:.0} ms (bound L = {:.0} ms); the holder {} its lease ({renewed} renewals, \
          {failed} failed); new contenders on the same URL led {} after they started \
-         (bound L = {:.0} ms); leaderships {}",
+         (bound L = {:.0} ms); the waiter {waiter} {} while the member hung; after their \
+         holder's release it led {} later, {}; leaderships {}",
         ms_of(frozen_for),
         ms(gap),
         ms_of(LEASE),
         if kept { "kept" } else { "lost" },
         new_lead.map_or("never".into(), |d| format!("{:.0} ms", ms_of(d))),
         ms_of(LEASE),
+        if subscribed > 0 {
+            "subscribed to wake-ups"
+        } else {
+            "never subscribed to wake-ups"
+        },
+        handover.map_or("never".into(), |d| format!("{:.0} ms", ms_of(d))),
+        if woken > 0 {
+            "woken by its watch"
+        } else {
+            "not woken by its watch"
+        },
         out.runs.len()
     );
     let faults = [
@@ -416,6 +444,11 @@ fn a_frozen_follower_listed_first_costs_at_most_one_lease() {
         new_lead.is_some_and(|d| d <= LEASE),
         "new contenders led after {new_lead:?}"
     );
+    assert!(
+        subscribed > 0,
+        "{waiter} never subscribed to wake-ups: each attempt started at the frozen member"
+    );
+    assert!(handover.is_some(), "nobody led after the release");
 }
 
 /// When, relative to the holder's renewals, the leader member is killed.
