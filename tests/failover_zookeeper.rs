@@ -563,12 +563,16 @@ fn a_leader_killed_just_before_a_renewal_hands_over_cleanly() {
     leader_killed(Moment::BeforeRenewal);
 }
 
-/// Two of three members die: nothing can be renewed or acquired. The holder
+/// Two of three members fail: nothing can be renewed or acquired. The holder
 /// must have stopped its command by G + K after the fault (its last
 /// renewal was sent before it) and exit 75, nobody may run one while there
 /// is no quorum, and leading resumes once the two are back.
-#[test]
-fn losing_quorum_stops_the_holder_and_leading_resumes_after() {
+fn losing_quorum(frozen: bool) {
+    let what = if frozen {
+        "quorum lost (two members frozen)"
+    } else {
+        "quorum lost (two members killed)"
+    };
     let mut rig = Rig::start();
     let l = rig.zk.leader();
     let url = rig.zk.url(&rig.zk.order(l));
@@ -577,13 +581,23 @@ fn losing_quorum_stops_the_holder_and_leading_resumes_after() {
     rig.until_renewed(&holder);
     let f = rig.zk.follower();
     let start = boot_ns();
-    rig.zk.kill(l);
-    rig.zk.kill(f);
+    if frozen {
+        rig.zk.freeze(l, true);
+        rig.zk.freeze(f, true);
+    } else {
+        rig.zk.kill(l);
+        rig.zk.kill(f);
+    }
     rig.idle(LEASE + RETRY + Duration::from_secs(2));
     let lost = boot_ns();
     let exited = rig.exits.clone();
-    rig.zk.restart(l);
-    rig.zk.restart(f);
+    if frozen {
+        rig.zk.freeze(l, false);
+        rig.zk.freeze(f, false);
+    } else {
+        rig.zk.restart(l);
+        rig.zk.restart(f);
+    }
     assert!(rig.zk.wait_quorum(Duration::from_secs(30)), "healed");
     let heal = boot_ns();
     let before = checker::parse(&read_or_empty(&rig.log)).len();
@@ -608,7 +622,7 @@ fn losing_quorum_stops_the_holder_and_leading_resumes_after() {
         .find(|r| r.times[0] >= lost)
         .map(|r| r.times[0].saturating_sub(heal));
     eprintln!(
-        "quorum lost for {:.0} ms: the holder's command stopped {:.0} ms after the fault \
+        "{what} for {:.0} ms: the holder's command stopped {:.0} ms after the fault \
          (bound G + K = {:.0} ms), exits during the outage {exited:?}; a command ran again {} \
          after the quorum was back (bound L + tick + P + 1 s = {:.0} ms: the new leader \
          restarts the lost lease's session); leaderships {}",
@@ -620,13 +634,17 @@ fn losing_quorum_stops_the_holder_and_leading_resumes_after() {
         out.runs.len()
     );
     let fault = Fault {
-        kind: "quorum lost",
+        kind: if frozen {
+            "freeze two members"
+        } else {
+            "kill -9 two members"
+        },
         frozen: None,
         stopped_after: None,
         start,
         heal,
     };
-    judge(&rig, "quorum lost", &out, &[fault], end, bound);
+    judge(&rig, what, &out, &[fault], end, bound);
     assert!(
         stopped <= (GIVE_UP + KILL_AFTER).as_nanos(),
         "the holder ran {:.0} ms into the outage",
@@ -647,4 +665,20 @@ fn losing_quorum_stops_the_holder_and_leading_resumes_after() {
         resumed.is_some_and(|t| t <= bound.as_nanos()),
         "leading did not resume within {bound:?}"
     );
+}
+
+/// Two of three members die (kill -9), the leader among them, and are
+/// restarted on their data.
+#[test]
+fn losing_quorum_to_killed_members_stops_the_holder_and_leading_resumes_after() {
+    losing_quorum(false);
+}
+
+/// Two of three members hang (SIGSTOP), the leader among them, and are
+/// thawed: the old leader wakes with its view of before (its session table
+/// past every timeout) and must neither let a lease be taken twice nor
+/// keep the ensemble from leading again.
+#[test]
+fn losing_quorum_to_frozen_members_stops_the_holder_and_leading_resumes_after() {
+    losing_quorum(true);
 }
