@@ -372,8 +372,9 @@ fn a_frozen_follower_listed_first_costs_at_most_one_lease() {
     // The new waiter's watch session starts at the first server listed,
     // the frozen one: its first subscription is abandoned there (after
     // min(R/2, P) = 0.5 s), and the next must go to another member, so by
-    // its third poll it is subscribed ("push wake-ups work again").
-    rig.idle(RETRY * 3);
+    // its third poll it is subscribed ("push wake-ups work again"); one
+    // poll more for a loaded machine.
+    rig.idle(RETRY * 4);
     let runs = checker::parse(&read_or_empty(&rig.log));
     let leader = runs.last().expect("a run").who.clone();
     let index = |who: &str| -> usize { who[1..who.find('g').expect("cNgM")].parse().expect("N") };
