@@ -1,6 +1,6 @@
 //! The chaos suite: five `leaderrun --wait` contenders, each through its own
 //! fault proxy, on one throwaway lease store (Postgres; a short round each
-//! on Redis, etcd and MariaDB: support/chaos_store.rs); a nemesis injecting
+//! on Redis, etcd, MariaDB and ZooKeeper: support/chaos_store.rs); a nemesis injecting
 //! kill -9, freezes, partitions, resets, server crashes and server freezes
 //! at random (seeded, printed, replayable); children doing fenced writes; a
 //! checker that fails the run when the guarantees break together.
@@ -280,11 +280,15 @@ fn run_chaos_pooled(kind: Kind, seed: u64, secs: u64, pool: u32) {
     let mut faults: Vec<Fault> = Vec::new();
     // A short round on another store opens with that store's crash (4) and
     // freeze (the default arm), so its 20 s always put the store under test.
-    // So does a --slots round: its faults must reach the store too.
-    let first: &[u64] = if kind == Kind::Postgres && pool <= 1 {
-        &[]
-    } else {
-        &[4, 5]
+    // So does a --slots round: its faults must reach the store too. The
+    // ZooKeeper round opens with every fault its issue names (#30): the
+    // server's crash and freeze, then its links blackholed and reset (every
+    // contender's at once: 11, 12), a holder's kill -9 (0, aimed at the
+    // holder when opening) and a holder frozen with its command (1).
+    let first: &[u64] = match kind {
+        Kind::Postgres if pool <= 1 => &[],
+        Kind::ZooKeeper => &[4, 5, 11, 12, 0, 1],
+        _ => &[4, 5],
     };
     let t_end = Instant::now() + Duration::from_secs(secs);
     s.idle(Duration::from_secs(2));
@@ -296,7 +300,13 @@ fn run_chaos_pooled(kind: Kind, seed: u64, secs: u64, pool: u32) {
         let pick = first.get(faults.len()).copied();
         let kind = match pick.unwrap_or_else(|| rng.below(11)) {
             0 => {
-                let i = s.target(&mut rng);
+                let i = match pick {
+                    Some(_) => match s.holder() {
+                        Some(h) => h,
+                        None => continue,
+                    },
+                    None => s.target(&mut rng),
+                };
                 if let Some(p) = &s.slots[i].proc {
                     signal(p.id(), Signal::SIGKILL);
                 }
@@ -368,6 +378,24 @@ fn run_chaos_pooled(kind: Kind, seed: u64, secs: u64, pool: u32) {
                 let i = s.target(&mut rng);
                 s.slots[i].proxy.reset();
                 "reset link"
+            }
+            11 => {
+                // The server cut off from every contender at once (only in
+                // an opening list: the random picks stay as they were).
+                for slot in &s.slots {
+                    slot.proxy.blackhole();
+                }
+                s.idle(rng.ms(1000, 3500));
+                for slot in &s.slots {
+                    slot.proxy.heal();
+                }
+                "blackhole server"
+            }
+            12 => {
+                for slot in &s.slots {
+                    slot.proxy.reset();
+                }
+                "reset server links"
             }
             4 => {
                 s.store.crash();
@@ -494,6 +522,13 @@ fn run_chaos_pooled(kind: Kind, seed: u64, secs: u64, pool: u32) {
         "the store was never crashed and frozen: the run proves nothing about it"
     );
     assert!(
+        faults.len() >= first.len(),
+        "only {} of the {} opening faults were injected: {:?}",
+        faults.len(),
+        first.len(),
+        faults.iter().map(|f| f.kind).collect::<Vec<_>>()
+    );
+    assert!(
         report.violations.is_empty(),
         "seed {seed}: {} violations:\n{}",
         report.violations.len(),
@@ -585,6 +620,21 @@ fn chaos_etcd() {
 #[test]
 fn chaos_mysql() {
     short_round(Kind::Mysql);
+}
+
+/// A standalone ZooKeeper (support/zookeeper.rs). The round opens with its
+/// crash (kill -9 and a restart on the same data), its freeze, its links
+/// blackholed and then reset (every contender's proxy at once), a holder's
+/// kill -9 and a holder frozen with its command, then random faults as
+/// everywhere; 30 s unless LEADERRUN_CHAOS_SECONDS says otherwise, the six
+/// openers taking about 25 of them.
+#[test]
+fn chaos_zookeeper() {
+    let secs = std::env::var("LEADERRUN_CHAOS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    run_chaos(Kind::ZooKeeper, fixed_seed(), secs);
 }
 
 #[test]

@@ -18,6 +18,7 @@ mod embedded_isolation;
 mod failover_etcd;
 mod failover_postgres;
 mod failover_redis;
+mod failover_zookeeper;
 mod faults;
 mod generated;
 mod hand_back;

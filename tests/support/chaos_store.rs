@@ -18,6 +18,7 @@ use super::chaos_child::SCHEMA;
 use super::etcd::Etcd;
 use super::mysql::{self, My};
 use super::redis::Redis;
+use super::zookeeper::Zk;
 use super::Pg;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +27,7 @@ pub enum Kind {
     Redis,
     Etcd,
     Mysql,
+    ZooKeeper,
 }
 
 enum Server {
@@ -34,6 +36,7 @@ enum Server {
     Redis(Redis),
     Etcd(Etcd),
     My(My),
+    Zk(Zk),
 }
 
 pub struct ChaosStore {
@@ -63,6 +66,7 @@ impl ChaosStore {
                 my.sql(leaderrun::store::mysql::TABLE_SQL);
                 Server::My(my)
             }
+            Kind::ZooKeeper => Server::Zk(Zk::start()),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -83,6 +87,7 @@ impl ChaosStore {
             Server::Redis(r) => r.port,
             Server::Etcd(e) => e.port,
             Server::My(m) => m.port,
+            Server::Zk(z) => z.port(),
         }
     }
 
@@ -93,6 +98,7 @@ impl ChaosStore {
             Server::Redis(r) => r.url_via(port),
             Server::Etcd(_) => format!("etcd://127.0.0.1:{port}"),
             Server::My(_) => format!("mysql://lr:{}@127.0.0.1:{port}/lr", mysql::PASSWORD),
+            Server::Zk(_) => format!("zk://127.0.0.1:{port}"),
         }
     }
 
@@ -108,6 +114,7 @@ impl ChaosStore {
             Server::Redis(_) => "redis crash",
             Server::Etcd(_) => "etcd crash",
             Server::My(_) => "mariadb crash",
+            Server::Zk(_) => "zookeeper crash",
         }
     }
 
@@ -117,6 +124,7 @@ impl ChaosStore {
             Server::Redis(_) => "redis freeze",
             Server::Etcd(_) => "etcd freeze",
             Server::My(_) => "mariadb freeze",
+            Server::Zk(_) => "zookeeper freeze",
         }
     }
 
@@ -127,6 +135,7 @@ impl ChaosStore {
             Server::Redis(r) => r.crash(),
             Server::Etcd(e) => e.crash(),
             Server::My(m) => m.crash(),
+            Server::Zk(z) => z.crash(),
         }
     }
 
@@ -137,6 +146,7 @@ impl ChaosStore {
             Server::Redis(r) => r.boot(),
             Server::Etcd(e) => e.boot(),
             Server::My(m) => m.boot(),
+            Server::Zk(z) => z.boot(),
         }
     }
 
@@ -156,12 +166,13 @@ impl ChaosStore {
     }
 
     /// SIGSTOP (or SIGCONT) the lease store's server.
-    pub fn freeze(&self, frozen: bool) {
-        match &self.server {
+    pub fn freeze(&mut self, frozen: bool) {
+        match &mut self.server {
             Server::Fence => self.fence.freeze(frozen),
             Server::Redis(r) => r.freeze(frozen),
             Server::Etcd(e) => e.freeze(frozen),
             Server::My(m) => m.freeze(frozen),
+            Server::Zk(z) => z.freeze(frozen),
         }
     }
 

@@ -5,6 +5,10 @@
 //!
 //! `tickTime` is 100 ms, so sessions from 200 ms (2 ticks) to 60 s are
 //! granted as asked.
+//!
+//! [`Ensemble`] is a throwaway ensemble of three such servers (each its own
+//! client, peer and election port), whose members a test kills, freezes
+//! and restarts one by one.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -79,10 +83,23 @@ pub struct Member {
     log: PathBuf,
     main: &'static str,
     server: Option<Child>,
+    frozen: bool,
 }
 
 impl Member {
+    /// Up: started, not frozen, not killed.
+    pub fn up(&self) -> bool {
+        self.server.is_some() && !self.frozen
+    }
+
+    /// Start the server and wait until it serves (`srvr` names its mode);
+    /// false when it exited or never did (a port taken after all).
     fn spawn(&mut self, limit: Duration) -> bool {
+        let port = self.port;
+        self.spawn_until(limit, || !mode(port).is_empty())
+    }
+
+    fn spawn_until(&mut self, limit: Duration, ready: impl FnMut() -> bool) -> bool {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -90,17 +107,30 @@ impl Member {
             .expect("log");
         let mut cmd = java(self.main, &self.cfg);
         cmd.stdout(log.try_clone().expect("log")).stderr(log);
-        let port = self.port;
         self.server = start_server(
             &mut cmd,
             "zookeeper",
             nix::sys::signal::Signal::SIGKILL,
             limit,
             Duration::from_millis(50),
-            // Serving once `srvr` names its mode.
-            || !mode(port).is_empty(),
+            ready,
         );
+        self.frozen = false;
         self.server.is_some()
+    }
+
+    /// SIGSTOP (a hung VM, a stuck disk) or SIGCONT the server.
+    pub fn freeze(&mut self, frozen: bool) {
+        super::freeze_server(self.server.as_ref(), frozen, false);
+        self.frozen = frozen && self.server.is_some();
+    }
+
+    /// kill -9. ZooKeeper acknowledges a write only once it is in its
+    /// fsynced log (a quorum's, in an ensemble), so nothing acknowledged
+    /// is lost.
+    pub fn kill(&mut self) {
+        super::kill_server(&mut self.server, false);
+        self.frozen = false;
     }
 }
 
@@ -146,6 +176,7 @@ impl Zk {
                 log: dir.file(&format!("server-{port}.log")),
                 main: "org.apache.zookeeper.server.ZooKeeperServerMain",
                 server: None,
+                frozen: false,
             };
             if member.spawn(Duration::from_secs(30)) {
                 return Zk { _dir: dir, member };
@@ -156,6 +187,188 @@ impl Zk {
 
     pub fn port(&self) -> u16 {
         self.member.port
+    }
+
+    /// kill -9 (see [`Member::kill`]).
+    pub fn crash(&mut self) {
+        self.member.kill();
+    }
+
+    /// Start again after [`Zk::crash`], on the same port and data; returns
+    /// once it serves.
+    pub fn boot(&mut self) {
+        for _ in 0..5 {
+            if self.member.spawn(Duration::from_secs(30)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("could not restart the throwaway ZooKeeper");
+    }
+
+    /// SIGSTOP (or SIGCONT) the server.
+    pub fn freeze(&mut self, frozen: bool) {
+        self.member.freeze(frozen);
+    }
+}
+
+/// A throwaway ensemble of three voting members on 127.0.0.1, each with
+/// its own client port, peer and election ports (`server.N=…` lines) and
+/// data dir (with its `myid`), all stopped on Drop. `tickTime` is 100 ms as
+/// for the standalone server; a follower must connect and sync within
+/// `initLimit` (2 s) and keep up within `syncLimit` (0.5 s), so a member
+/// that hangs is dropped by the leader half a second later.
+pub struct Ensemble {
+    pub dir: TempDir,
+    pub members: Vec<Member>,
+}
+
+impl Ensemble {
+    pub fn start() -> Ensemble {
+        for attempt in 0..5 {
+            let dir = TempDir::new("zk-ensemble");
+            let ports: Vec<(u16, u16, u16)> = (0..3)
+                .map(|_| (free_port(), free_port(), free_port()))
+                .collect();
+            let servers: String = ports
+                .iter()
+                .enumerate()
+                .map(|(i, (_, peer, election))| {
+                    format!("server.{}=127.0.0.1:{peer}:{election}\n", i + 1)
+                })
+                .collect();
+            let members = ports
+                .iter()
+                .enumerate()
+                .map(|(i, &(port, _, _))| {
+                    let data = dir.file(&format!("data-{i}-{attempt}"));
+                    std::fs::create_dir_all(&data).expect("data dir");
+                    std::fs::write(data.join("myid"), format!("{}\n", i + 1)).expect("myid");
+                    let cfg = dir.file(&format!("zoo-{i}-{attempt}.cfg"));
+                    std::fs::write(
+                        &cfg,
+                        format!(
+                            "{COMMON}initLimit=20\nsyncLimit=5\n{servers}dataDir={}\n\
+                             clientPort={port}\n",
+                            data.display()
+                        ),
+                    )
+                    .expect("zoo.cfg");
+                    Member {
+                        port,
+                        cfg,
+                        log: dir.file(&format!("member-{i}.log")),
+                        main: "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+                        server: None,
+                        frozen: false,
+                    }
+                })
+                .collect();
+            let mut e = Ensemble { dir, members };
+            // All three at once: a member alone has no quorum and never
+            // serves. Readiness is the ensemble's (wait_quorum).
+            let all = (0..3).all(|i| e.members[i].spawn_until(Duration::from_secs(5), || true));
+            if all && e.wait_quorum(Duration::from_secs(60)) {
+                return e;
+            }
+            // A port taken after all, most likely: dropped (stopped), and
+            // again on other ports.
+        }
+        panic!("could not start a throwaway ZooKeeper ensemble");
+    }
+
+    /// `zk://` with the members in this order.
+    pub fn url(&self, order: &[usize]) -> String {
+        let hosts: Vec<String> = order
+            .iter()
+            .map(|&i| format!("127.0.0.1:{}", self.members[i].port))
+            .collect();
+        format!("zk://{}", hosts.join(","))
+    }
+
+    /// The members in the order a URL listing `first` first uses.
+    pub fn order(&self, first: usize) -> Vec<usize> {
+        std::iter::once(first)
+            .chain((0..self.members.len()).filter(|&i| i != first))
+            .collect()
+    }
+
+    /// Member `i`'s role, as its `srvr` says: "leader", "follower", or ""
+    /// while it serves no clients (electing, no quorum, down or frozen:
+    /// a frozen member is not asked, as it would not answer).
+    pub fn mode(&self, i: usize) -> String {
+        let m = &self.members[i];
+        if !m.up() {
+            return String::new();
+        }
+        mode(m.port)
+    }
+
+    /// Every member that is up serves, one as the leader and the rest as
+    /// its followers, and they are a quorum (at least two of three).
+    pub fn wait_quorum(&self, limit: Duration) -> bool {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < limit {
+            let up: Vec<usize> = (0..3).filter(|&i| self.members[i].up()).collect();
+            let modes: Vec<String> = up.iter().map(|&i| self.mode(i)).collect();
+            let leaders = modes.iter().filter(|m| *m == "leader").count();
+            let followers = modes.iter().filter(|m| *m == "follower").count();
+            if up.len() >= 2 && leaders == 1 && leaders + followers == up.len() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// The member that leads now; waits for an election to finish.
+    pub fn leader(&self) -> usize {
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Some(i) = (0..3).find(|&i| self.mode(i) == "leader") {
+                return i;
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                panic!("no ZooKeeper member leads");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A member that is up and follows.
+    pub fn follower(&self) -> usize {
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Some(i) = (0..3).find(|&i| self.mode(i) == "follower") {
+                return i;
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                panic!("no ZooKeeper member follows");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGSTOP or SIGCONT member `i`.
+    pub fn freeze(&mut self, i: usize, frozen: bool) {
+        self.members[i].freeze(frozen);
+    }
+
+    /// kill -9 of member `i`.
+    pub fn kill(&mut self, i: usize) {
+        self.members[i].kill();
+    }
+
+    /// Start member `i` again after [`Ensemble::kill`], with its data; it
+    /// rejoins (see [`Ensemble::wait_quorum`]).
+    pub fn restart(&mut self, i: usize) {
+        for _ in 0..5 {
+            if self.members[i].spawn_until(Duration::from_secs(5), || true) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("could not restart ZooKeeper member {i}");
     }
 }
 

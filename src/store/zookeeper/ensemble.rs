@@ -2,7 +2,8 @@
 //! kept across connections.
 //!
 //! A connection that fails is dropped with the call (session.rs); the next
-//! call connects again, to the server *after* the one last used, and resumes
+//! call connects again, to the server *after* the one last used (or last
+//! tried, when a call was abandoned while it hung), and resumes
 //! the same session (its id and password), so a server that died or hangs
 //! costs one call, not the lease: the session, and the ephemeral lease node
 //! it owns, live on the ensemble until its timeout passes without a word
@@ -115,17 +116,27 @@ impl Connect for Ensemble {
     /// leaves time for the rest), the last one all of it.
     async fn connect(&mut self, deadline: Instant) -> Result<Conn, StoreError> {
         let n = self.hosts.len();
+        let start = self.next;
         let mut last = None;
         for i in 0..n {
-            let at = (self.next + i) % n;
+            let at = (start + i) % n;
+            // Passed over before it is tried, not after: a caller that
+            // abandons the call while this server hangs (the elector's
+            // subscription budget, shorter than the connect's own; a
+            // call's deadline) must not start its next call here again.
+            // Moved only on success or after every server had failed, the
+            // call after an abandoned one started at the server that hung
+            // in it again: a waiter's watch, abandoned after min(R/2, P)
+            // while the frozen server listed first had half of its 2 s,
+            // never subscribed while that server hung (contract §3: the
+            // call after an abandoned one starts at another server;
+            // tests/failover_zookeeper.rs).
+            self.next = (at + 1) % n;
             let addr = self.hosts[at].clone();
             let left = deadline.saturating_duration_since(Instant::now());
             let budget = if i + 1 < n { left / 2 } else { left };
             match tokio::time::timeout(budget, self.handshake(&addr)).await {
-                Ok(Ok(c)) => {
-                    self.next = (at + 1) % n;
-                    return Ok(c);
-                }
+                Ok(Ok(c)) => return Ok(c),
                 Ok(Err(e)) if !e.is_transient() => {
                     return Err(self.classify(&format!("cannot connect to {addr} of"), e));
                 }
@@ -133,7 +144,7 @@ impl Connect for Ensemble {
                 Err(_) => last = Some(format!("{addr}: no answer in time")),
             }
         }
-        self.next = (self.next + 1) % n.max(1);
+        self.next = (start + 1) % n.max(1);
         Err(StoreError::unavailable(format!(
             "cannot reach the store {} ({})",
             self.shown,
