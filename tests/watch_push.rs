@@ -4,7 +4,8 @@
 //! Each latency is measured from the holder's own log line (`-v --log-format
 //! json`: the time it logged the acquire's or the release's success) to the
 //! moment the test read the watcher's line, on the same host's clock, and
-//! printed (`--no-capture`) for the docs' figures. A waiting contender on
+//! printed (`--no-capture`) for the docs' figures. The log line is written
+//! just after the store call returns, so a figure may be a little below 0. A waiting contender on
 //! ZooKeeper hears of a release after its holder renewed many times (a
 //! renewal rewrites the lease node, which fired the watch and used it up).
 

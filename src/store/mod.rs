@@ -392,20 +392,11 @@ impl Store {
         each!(self, b => b.wakeups(name, Heard::Releases))
     }
 
-    /// `watch`'s subscription: "a slot of `name` below `slots` was freed or
-    /// taken", where the store pushes. One subscription per slot where a
-    /// store's names one lease (as [`Lock::wakeups`]).
-    pub fn watch_wakeups(&self, name: &str, slots: u32) -> Option<Subscription> {
-        if slots <= 1 || self.wakes_for_every_slot() {
-            return each!(self, b => b.wakeups(name, Heard::Changes));
-        }
-        let all: Option<Vec<Subscription>> = (0..slots)
-            .map(|i| {
-                let slot = crate::names::slot_name(name, i);
-                each!(self, b => b.wakeups(&slot, Heard::Changes))
-            })
-            .collect();
-        all.map(Subscription::Slots)
+    /// `watch`'s subscription: "lease `name` was freed or taken", where the
+    /// store pushes. (On a store whose subscription names one lease, watch
+    /// makes one per slot as it finds slots: src/watch.)
+    pub fn watch_wakeups(&self, name: &str) -> Option<Subscription> {
+        each!(self, b => b.wakeups(name, Heard::Changes))
     }
 
     /// Whether the store keeps `--once-per`'s rule and record.

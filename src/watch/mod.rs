@@ -344,11 +344,9 @@ pub async fn run(
     // Each call is bounded by the poll interval (and at least a second, so a
     // short --retry does not turn a slow store into an unreachable one).
     let call = retry.clamp(Duration::from_secs(1), Duration::from_secs(10));
-    // The slots followed (`--slots`): those seen, and the next one.
+    // The slots subscribed to (`--slots`; see `slots_to_follow`).
     let mut followed: u32 = 1;
-    let mut push: Option<Subscription> = name
-        .as_deref()
-        .and_then(|n| store.watch_wakeups(n, followed));
+    let mut push: Option<Subscription> = name.as_deref().and_then(|n| store.watch_wakeups(n));
     let printer = Printer { json };
     let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
     let mut runs = runs::Runs::default();
@@ -388,10 +386,12 @@ pub async fn run(
                 // read again at once (arming first, as always, so nothing
                 // between this read and the next is lost). Only ever more:
                 // a slot is never forgotten by the store.
-                if want > followed && !store.wakes_for_every_slot() {
-                    followed = want;
-                    push = name.as_deref().and_then(|n| store.watch_wakeups(n, want));
-                    continue;
+                if let (Some(n), true) = (name.as_deref(), want > followed && push.is_some()) {
+                    if !store.wakes_for_every_slot() {
+                        push = follow_more(store, n, push.take(), followed..want);
+                        followed = want;
+                        continue;
+                    }
                 }
             }
             Err(e) if e.may_heal() => {
@@ -442,6 +442,26 @@ fn slots_to_follow(name: &str, leases: &[LeaseInfo]) -> u32 {
         seen
     };
     next.max(told).min(crate::names::MAX_SLOTS)
+}
+
+/// `push` with a subscription for each slot of `name` in `more` added; the
+/// ones it has are kept, connected (no reconnect, nothing missed on them).
+fn follow_more(
+    store: &Store,
+    name: &str,
+    push: Option<Subscription>,
+    more: std::ops::Range<u32>,
+) -> Option<Subscription> {
+    let added: Vec<Subscription> = more
+        .map(|i| store.watch_wakeups(&crate::names::slot_name(name, i)))
+        .collect::<Option<_>>()?;
+    Some(match push? {
+        Subscription::Slots(mut all) => {
+            all.extend(added);
+            Subscription::Slots(all)
+        }
+        one => Subscription::Slots(std::iter::once(one).chain(added).collect()),
+    })
 }
 
 /// Subscribe, within `call`; `false` (poll only, this round) when it
