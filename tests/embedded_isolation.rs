@@ -85,6 +85,26 @@ fn store(dir: &TempDir) -> String {
     format!("sqlite://{}", dir.file("leases.db").display())
 }
 
+/// Wait until the run `child` (logging to `log`) has started its command
+/// (`ready` exists). A run that ends first fails the test at once, with its
+/// exit status and its log, rather than after `START` with neither.
+fn started(child: &mut Child, ready: &Path, log: &Path) {
+    let t0 = Instant::now();
+    while !ready.exists() {
+        let ended = child.try_wait().ok().flatten();
+        if ended.is_some() || t0.elapsed() > START {
+            panic!(
+                "{} not there after {:?}; the run {}; its log:\n{}",
+                ready.display(),
+                t0.elapsed(),
+                ended.map_or("still runs".into(), |s| format!("ended: {s}")),
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// `lr` that stops itself inside the write lock once `trigger` exists.
 fn freezable(
     lib: &Path,
@@ -185,8 +205,8 @@ fn a_stopped_leaderrun_holds_up_no_other_lease() {
         ),
         &dir.file("frozen.log"),
     );
-    wait_file(&victim_ready, START);
-    wait_file(&frozen_ready, START);
+    started(&mut victim, &victim_ready, &dir.file("victim.log"));
+    started(&mut frozen, &frozen_ready, &dir.file("frozen.log"));
     // Its watchdog stopped too (as a frozen cgroup would have it), so that
     // nothing ends the stopped run: it holds its file all along.
     let watchdog = watchdog_of(frozen.id()).expect("the frozen run's watchdog");
@@ -285,7 +305,7 @@ fn a_rival_leads_once_the_stopped_holder_has_given_up() {
         ),
         &dir.file("holder.log"),
     );
-    wait_file(&ready, START);
+    started(&mut holder, &ready, &dir.file("holder.log"));
     let command = pid_in(&cmd_pid);
     let at = freeze_inside_the_lock(&holder, &trigger);
 
@@ -357,7 +377,7 @@ fn a_rival_leads_at_the_lease_end_when_the_whole_run_is_stopped() {
         ),
         &dir.file("holder.log"),
     );
-    wait_file(&ready, START);
+    started(&mut holder, &ready, &dir.file("holder.log"));
     let command = pid_in(&cmd_pid);
     let watchdog = watchdog_of(holder.id()).expect("the holder's watchdog");
     let at = freeze_inside_the_lock(&holder, &trigger);
@@ -420,7 +440,7 @@ fn a_stopped_contender_costs_the_holder_nothing() {
         ),
         &dir.file("holder.log"),
     );
-    wait_file(&ready, START);
+    started(&mut holder, &ready, &dir.file("holder.log"));
     // Armed before the contender starts: its first write lock is its
     // attempt to acquire.
     std::fs::write(&trigger, "").expect("trigger");
