@@ -361,7 +361,13 @@ pub async fn run(
         };
         match read(store, name.as_deref(), call).await {
             Ok(leases) => {
-                let want = name.as_deref().map_or(1, |n| slots_to_follow(n, &leases));
+                // Decided on this read, acted on once it is printed.
+                let more = match name.as_deref() {
+                    Some(n) if push.is_some() && !store.wakes_for_every_slot() => {
+                        Some(slots_to_follow(n, &leases)).filter(|&want| want > followed)
+                    }
+                    _ => None,
+                };
                 if let Some(n) = failing.take() {
                     tracing::warn!(
                         event = "store_recovered",
@@ -386,12 +392,10 @@ pub async fn run(
                 // read again at once (arming first, as always, so nothing
                 // between this read and the next is lost). Only ever more:
                 // a slot is never forgotten by the store.
-                if let (Some(n), true) = (name.as_deref(), want > followed && push.is_some()) {
-                    if !store.wakes_for_every_slot() {
-                        push = follow_more(store, n, push.take(), followed..want);
-                        followed = want;
-                        continue;
-                    }
+                if let (Some(n), Some(want)) = (name.as_deref(), more) {
+                    push = follow_more(store, n, push.take(), followed..want);
+                    followed = want;
+                    continue;
                 }
             }
             Err(e) if e.may_heal() => {

@@ -31,30 +31,14 @@ pub fn wake_dir(db: &Path) -> PathBuf {
 /// Renaming needs only the directory to be writable, whoever created the
 /// file before. Best effort: a waiter that misses it polls.
 pub fn touch(db: &Path, name: &str) {
-    touch_file(db, name);
-}
-
-/// What an acquisition's file is named: the lease's name after
-/// [`TAKEN`]. No lease name starts with `+`, so it is never a release's.
-pub const TAKEN: &str = "+";
-
-/// Tell watchers on this host that `name` was taken, once the acquire
-/// committed: the file `+NAME`, renamed into place as a release's. Only
-/// `watch` listens for it ([`Heard::Changes`]); a waiting contender's
-/// subscription skips it.
-pub fn touch_taken(db: &Path, name: &str) {
-    touch_file(db, &format!("{TAKEN}{name}"));
-}
-
-fn touch_file(db: &Path, file: &str) {
     let dir = wake_dir(db);
     let attempt = || -> std::io::Result<()> {
         if !dir.is_dir() {
             make_dir(db, &dir)?;
         }
-        let tmp = dir.join(format!(".{file}.{}", std::process::id()));
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
         std::fs::write(&tmp, b"")?;
-        std::fs::rename(&tmp, dir.join(file))
+        std::fs::rename(&tmp, dir.join(name))
     };
     if let Err(e) = attempt() {
         tracing::debug!(
@@ -62,6 +46,18 @@ fn touch_file(db: &Path, file: &str) {
             "cannot wake waiters ({e}); they poll"
         );
     }
+}
+
+/// What an acquisition's file is named: the lease's name after
+/// [`TAKEN`]. No lease name starts with `+`, so it is never a release's.
+const TAKEN: &str = "+";
+
+/// Tell watchers on this host that `name` was taken, once the acquire
+/// committed: the file `+NAME`, renamed into place as a release's. Only
+/// `watch` listens for it ([`Heard::Changes`]); a waiting contender's
+/// subscription skips it.
+pub fn touch_taken(db: &Path, name: &str) {
+    touch(db, &format!("{TAKEN}{name}"));
 }
 
 /// The wake directory, with the database directory's permissions: whoever
